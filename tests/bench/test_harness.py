@@ -1,0 +1,155 @@
+"""`viasd-bench` end to end on the tiny random pair (built in memory), and its config groups."""
+
+import json
+import re
+import statistics
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from viasd_adapters.bench.harness import rotated
+from viasd_adapters.cli.bench import run
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+PROMPTS = [
+    {"question_id": 1, "category": "translation", "turns": ["Translate German to English: Guten Morgen"], "reference": ["Good morning"]},
+    {"question_id": 2, "category": "translation", "turns": ["Translate German to English: Danke schoen"], "reference": "Thank you"},
+    {"question_id": 3, "category": "math_reasoning", "turns": ["What is 2 + 3?"], "reference": ["2 + 3 = 5\n#### 5"]},
+    {"question_id": 4, "category": "qa", "turns": ["Who wrote Faust?", "When?"]},
+]
+
+
+def compose_bench(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="bench", overrides=list(overrides))
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    prompts = tmp / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
+    cfg = compose_bench(
+        "model_pair=tiny-random", "runtime.dtype=float32", "method=[ar,sd]", "task=jsonl",
+        f"task.prompts_file={prompts}", "repetitions=2", "max_new_tokens=12", f"out_dir={tmp / 'out'}",
+        "progress=false",
+    )
+    return run(cfg)
+
+
+def read_records(out_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (out_dir / "records.jsonl").read_text().splitlines()]
+
+
+def test_one_record_per_method_prompt_and_repetition(tiny_run):
+    records = read_records(tiny_run.out_dir)
+    assert records == json.loads(json.dumps(tiny_run.records))  # what was returned was written
+    keys = Counter((r["method"], r["prompt_id"], r["rep"]) for r in records)
+    assert len(keys) == 2 * 4 * 2 and set(keys.values()) == {1}
+    for name in ("table.md", "summary.json", "meta.json", "config.yaml", "speedup_quality.png", "tier_shares.png"):
+        assert (tiny_run.out_dir / name).stat().st_size > 0
+
+
+def test_records_hold_speed_cost_quality_and_load(tiny_run):
+    records = tiny_run.records
+    ar = [r for r in records if r["method"] == "ar"]
+    sd = [r for r in records if r["method"] == "sd"]
+    for r in records:
+        assert r["seconds"] > 0 and r["tokens_per_second"] == pytest.approx(r["new_tokens"] / r["seconds"])
+        assert r["peak_rss_mb"] > 0 and r["loadavg_1m_start"] >= 0 and 0 <= r["system_cpu_percent"] <= 100
+        assert r["full_calls_per_token"] == pytest.approx(r["model_calls"]["target"]["calls"] / r["new_tokens"])
+        assert r["slim_calls_per_token"] == 0  # no slim tier in ar / sd
+    assert all(r["speedup_vs_baseline"] == 1.0 and r["rejection_rate"] is None for r in ar)
+    assert all(r["tier_counts"] == {} for r in ar)
+    for r in sd:  # fp32 greedy SD is lossless: same tokens as AR, only the speed differs
+        assert r["exact_match_vs_baseline"] == 1.0 and r["token_match_vs_baseline"] == 1.0
+        assert set(r["model_calls"]) == {"draft", "target"} and set(r["tier_counts"]) == {"full"}
+        assert r["tier_shares"] == {"full": 1.0}
+        base = next(a for a in ar if (a["prompt_id"], a["rep"]) == (r["prompt_id"], r["rep"]))
+        assert r["speedup_vs_baseline"] == pytest.approx(r["tokens_per_second"] / base["tokens_per_second"])
+        assert r["output_tokens"] == base["output_tokens"]
+    by_category = {r["category"]: r for r in records}
+    assert by_category["translation"]["quality_metric"] == "bleu"
+    assert by_category["math_reasoning"]["quality_metric"] == "math_accuracy"
+    assert by_category["qa"]["quality_metric"] is None and by_category["qa"]["quality"] is None
+
+
+def test_method_order_rotates_per_prompt_and_repetition(tiny_run):
+    firsts = Counter(r["method"] for r in tiny_run.records if r["slot"] == 0)
+    assert firsts == {"ar": 4, "sd": 4}
+    assert [m for m in rotated(["a", "b", "c"], 4)] == ["b", "c", "a"]
+
+
+def parse_table(table: str, section: str) -> list[dict[str, str]]:
+    body = table.split(f"### {section}")[1].split("###")[0]
+    rows = [line for line in body.splitlines() if line.startswith("|")]
+    header = [h.strip() for h in rows[0].strip("|").split("|")]
+    return [dict(zip(header, (c.strip() for c in row.strip("|").split("|")))) for row in rows[2:]]
+
+
+def test_markdown_table_matches_the_jsonl_records(tiny_run):
+    records = read_records(tiny_run.out_dir)
+    table = (tiny_run.out_dir / "table.md").read_text()
+    assert table == tiny_run.table
+    rows = {row["method"]: row for row in parse_table(table, "All prompts")}
+    assert set(rows) == {"ar", "sd"}
+    for method, row in rows.items():
+        mine = [r for r in records if r["method"] == method]
+        med = lambda key: statistics.median(r[key] for r in mine)  # noqa: E731
+        assert row["n"] == str(len(mine))
+        assert row["tok/s"] == f"{med('tokens_per_second'):.2f}"
+        assert row["speedup vs ar"] == f"{med('speedup_vs_baseline'):.2f}"
+        assert row["speedup vs sd"] == f"{med('speedup_vs_host'):.2f}"
+        assert row["accepted length"] == f"{med('mean_accepted_length'):.2f}"
+        assert row["full calls/token"] == f"{med('full_calls_per_token'):.3f}"
+        assert row["peak RSS MB"] == f"{med('peak_rss_mb'):.0f}"
+        assert row["token match vs ar"] == f"{statistics.fmean(r['token_match_vs_baseline'] for r in mine):.3f}"
+    assert rows["ar"]["rejection rate"] == "–"
+    assert rows["sd"]["rejection rate"] == f"{statistics.median(r['rejection_rate'] for r in records if r['method'] == 'sd'):.3f}"
+    per_category = parse_table(table, "Per category")
+    bleu_row = next(r for r in per_category if r["category"] == "translation" and r["method"] == "sd")
+    bleus = [r["quality"] for r in records if r["category"] == "translation" and r["method"] == "sd"]
+    assert bleu_row["quality (mean)"] == f"bleu {statistics.fmean(bleus):.1f}"
+    assert re.search(r"1-min load average [\d.]+-[\d.]+ on \d+ cores", table)
+
+
+def test_baseline_must_be_among_the_methods(tmp_path):
+    cfg = compose_bench(
+        "model_pair=tiny-random", "runtime.dtype=float32", "method=[sd]", "task=jsonl",
+        f"task.prompts_file={tmp_path / 'unused.jsonl'}", f"out_dir={tmp_path / 'out'}",
+    )
+    with pytest.raises(ValueError, match="baseline method 'ar' is not among the methods"):
+        run(cfg)
+
+
+def test_prompt_file_errors_reach_the_user(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question_id": 1, "category": "qa", "prompt": "hi"}) + "\n")
+    cfg = compose_bench(
+        "model_pair=tiny-random", "runtime.dtype=float32", "task=jsonl", f"task.prompts_file={bad}",
+        f"out_dir={tmp_path / 'out'}", "progress=false",
+    )
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: unknown field\(s\) \['prompt'\]"):
+        run(cfg)
+
+
+@pytest.mark.parametrize("method", options("method"))
+def test_every_method_file_composes_under_its_own_name(method):
+    cfg = compose_bench(f"method=[{method}]")
+    assert list(cfg.method) == [method]  # the file's `# @package method.<name>` matches its name
+    assert {"framework", "verifier"} <= set(cfg.method[method])
+    assert "_target_" in cfg.method[method].framework.decoder
+
+
+@pytest.mark.parametrize("task", options("task"))
+def test_every_task_file_instantiates(task, tmp_path):
+    overrides = [f"task={task}"] + ([f"task.prompts_file={tmp_path}/p.jsonl"] if task == "jsonl" else [])
+    cfg = compose_bench(*overrides)
+    assert instantiate(cfg.task, _convert_="all").name == task

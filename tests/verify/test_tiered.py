@@ -1,0 +1,106 @@
+"""TieredVerifier reductions and tier accounting on tiny random models (fp32)."""
+
+import pytest
+import torch
+
+from tests.conftest import perturbed
+from tests.decode.test_loops import PROMPT
+from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
+from viasd_adapters.draft import ModelDrafter
+from viasd_adapters.sampling import SamplingConfig
+from viasd_adapters.verify import ConfidencePolicy, LosslessVerifier, Tier, TieredVerifier
+
+GREEDY = SamplingConfig()
+SAMPLED = SamplingConfig(temperature=1.0, seed=3)
+
+
+@pytest.fixture(scope="module")
+def slim(tiny_target):
+    return perturbed(tiny_target.model, scale=0.01, seed=9)
+
+
+def decode(tiny_target, tiny_draft, verifier, sampling=GREEDY, n=60):
+    decoder = SpeculativeDecoder(ModelDrafter(tiny_draft), verifier, num_draft_tokens=4)
+    return decoder.generate(PROMPT, n, sampling)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_slim_tier_off_equals_plain_sd(tiny_target, tiny_draft, sampling):
+    plain = decode(tiny_target, tiny_draft, LosslessVerifier(tiny_target.model), sampling)
+    off = decode(tiny_target, tiny_draft, TieredVerifier(tiny_target.model), sampling)
+    assert off.tokens == plain.tokens
+    assert set(off.stats.model_calls) == {"draft", "target"}
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_everything_escalated_equals_plain_sd(tiny_target, tiny_draft, slim, sampling):
+    plain = decode(tiny_target, tiny_draft, LosslessVerifier(tiny_target.model), sampling)
+    policy = ConfidencePolicy(tau_accept=1.0, tau_slim=1.0)
+    tiered = decode(tiny_target, tiny_draft, TieredVerifier(tiny_target.model, slim, policy), sampling)
+    assert tiered.tokens == plain.tokens
+    # every round but a last one of zero drafts (budget of one token) runs the slim verifier
+    assert tiered.stats.model_calls["slim"].calls >= tiered.stats.steps - 1
+    assert set(tiered.stats.tier_counts) == {"full"}
+
+
+def test_zero_drift_cap_equals_plain_sd(tiny_target, tiny_draft, slim):
+    plain = decode(tiny_target, tiny_draft, LosslessVerifier(tiny_target.model))
+    verifier = TieredVerifier(tiny_target.model, slim, ConfidencePolicy(0.0, 0.0, 0.0), max_unverified=0)
+    assert decode(tiny_target, tiny_draft, verifier).tokens == plain.tokens
+
+
+def test_a_perfect_slim_verifier_is_lossless_without_the_full_model(tiny_target, tiny_draft):
+    """u == q: tier 1 keeps exactly q's argmax, tier 2 writes it; the full model only runs
+    when the drift cap forces it."""
+    ar = AutoregressiveDecoder(tiny_target.model).generate(PROMPT, 60)
+    verifier = TieredVerifier(
+        tiny_target.model, tiny_target.model, ConfidencePolicy(0.0, 0.0, 0.0), max_unverified=20
+    )
+    out = decode(tiny_target, tiny_draft, verifier)
+    assert out.tokens == ar.tokens
+    assert out.stats.tier_counts["slim"] > 0 and out.stats.tier_counts["accept"] > 0
+    assert out.stats.model_calls["target"].calls <= 60 // 20 + 1
+
+
+@pytest.mark.parametrize("rejudge", [True, False])
+def test_tiers_account_for_every_decided_token(tiny_target, tiny_draft, slim, rejudge):
+    policy = ConfidencePolicy(tau_accept=0.3, tau_slim=0.6)
+    verifier = TieredVerifier(tiny_target.model, slim, policy, max_unverified=6, rejudge=rejudge)
+    out = decode(tiny_target, tiny_draft, verifier, n=80)
+    counts = out.stats.tier_counts
+    assert counts["accept"] > 0 and counts["full"] > 0
+    assert sum(counts.values()) <= out.stats.drafted
+    assert len(out.tokens) == 80
+
+
+def test_drift_cap_forces_the_full_model(tiny_target, tiny_draft):
+    cap = 3
+    verifier = TieredVerifier(tiny_target.model, tiny_target.model, ConfidencePolicy(0.0, 0.0, 0.0), cap)
+    decoder = SpeculativeDecoder(ModelDrafter(tiny_draft), verifier, num_draft_tokens=4)
+    ids = PROMPT
+    verifier.reset()
+    from viasd_adapters.sampling import Sampler
+
+    sampler = Sampler(GREEDY)
+    for _ in range(12):
+        block = decoder.drafter.propose(ids, 4, sampler)
+        ids = torch.cat([ids, verifier.verify(ids, block, sampler).tokens[None]], dim=1)
+        assert verifier.unverified_length(ids) <= cap + 1  # the verifier's own token is never seen
+
+
+def test_policy_assigns_tiers_from_confidence():
+    u = torch.tensor([[0.95, 0.05, 0.0], [0.1, 0.85, 0.05], [0.4, 0.3, 0.3]])
+    p = torch.full((3, 3), 1 / 3)
+    tiers = ConfidencePolicy(tau_accept=0.9, tau_slim=0.8).assign(torch.tensor([0, 0, 0]), p, u)
+    assert tiers.tolist() == [Tier.ACCEPT, Tier.SLIM, Tier.ESCALATE]
+
+
+@pytest.mark.parametrize("kwargs", [{"tau_accept": 1.5}, {"tau_slim": -0.1}, {"tau_draft": 2.0}])
+def test_thresholds_out_of_range_raise(kwargs):
+    with pytest.raises(ValueError, match="must be in \\[0, 1\\]"):
+        ConfidencePolicy(**kwargs)
+
+
+def test_policy_without_slim_raises(tiny_target):
+    with pytest.raises(ValueError, match="needs a slim verifier"):
+        TieredVerifier(tiny_target.model, None, ConfidencePolicy())

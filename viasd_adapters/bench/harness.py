@@ -1,0 +1,219 @@
+"""The benchmark loop: every method on every prompt, interleaved, one record per generation.
+
+Order of work (one process, models loaded once, every decoder sharing them):
+
+1. warm-up: each method decodes the first `warmup` prompts once; nothing is recorded;
+2. for each repetition r, for each prompt i, every method decodes the prompt, in the
+   configured order rotated by (i + r) positions, so that machine drift and cache effects hit
+   every method alike and no method always runs first;
+3. once all methods have decoded a prompt, its records get the paired fields (speedup and
+   agreement against the baseline method's generation of the same prompt and repetition) and
+   are handed to the sink (the JSONL file), so an interrupted run keeps what it finished.
+
+Speed is the measured wall time of `Decoder.generate` (prefill included), never a model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from ..decode import Decoder, GenerationResult
+from ..models import LoadedModel
+from ..pipeline import encode_prompt
+from ..sampling import SamplingConfig
+from .metrics import QUALITY_METRICS, Score, token_agreement
+from .resources import ResourceProbe
+from .tasks import Prompt, Task
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Method:
+    """A named decoder under test."""
+
+    name: str  # its key in records and tables (e.g. "ar", "sd")
+    decoder: Decoder
+
+
+@dataclass
+class BenchSettings:
+    """How the methods are run and compared."""
+
+    repetitions: int = 3  # timed generations of every (method, prompt)
+    warmup: int = 1  # prompts each method decodes untimed before the first record
+    max_new_tokens: int = 64  # per generation, unless the task sets its own
+    chat_template: bool = True  # wrap prompts in the target's chat template when it has one
+    baseline: str = "ar"  # speedups and agreement are measured against this method
+    host: str | None = "sd"  # a second speed reference (the host framework without tiers)
+    roles: dict[str, str] = field(default_factory=lambda: {"full": "target", "slim": "slim"})
+    progress: bool = True  # show a tqdm bar
+
+    def __post_init__(self) -> None:
+        if self.repetitions < 1:
+            raise ValueError(f"repetitions must be >= 1, got {self.repetitions}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        self.roles = dict(self.roles)
+        if "full" not in self.roles:
+            raise ValueError("roles must name the full model's model_calls key, e.g. roles.full=target")
+
+
+def rotated(methods: list[Method], shift: int) -> list[Method]:
+    shift %= len(methods)
+    return methods[shift:] + methods[:shift]
+
+
+class Harness:
+    """Runs `methods` on the prompts of `task`; see the module docstring for the order."""
+
+    def __init__(
+        self,
+        methods: list[Method],
+        target: LoadedModel,
+        task: Task,
+        sampling: SamplingConfig,
+        settings: BenchSettings,
+        run_id: str = "",
+    ):
+        names = [m.name for m in methods]
+        if len(set(names)) != len(names):
+            raise ValueError(f"method names must be unique, got {names}")
+        if settings.baseline not in names:
+            raise ValueError(
+                f"the baseline method {settings.baseline!r} is not among the methods {names}:"
+                f" add it (method=[{','.join([settings.baseline, *names])}]) or set baseline=<one of them>"
+            )
+        if settings.host is not None and settings.host not in names:
+            logger.warning("host method %r is not among %s: no speedup against it", settings.host, names)
+            settings = dataclasses.replace(settings, host=None)
+        self.methods = methods
+        self.target = target
+        self.task = task
+        self.sampling = sampling
+        self.settings = settings
+        self.run_id = run_id
+        self.probe = ResourceProbe(target.model.device)
+        self._scores: dict[tuple[str, str, str], Score] = {}
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.task.max_new_tokens or self.settings.max_new_tokens
+
+    def _generate(self, method: Method, ids: torch.Tensor, sampling: SamplingConfig) -> GenerationResult:
+        return method.decoder.generate(ids, self.max_new_tokens, sampling, self.target.stop_token_ids)
+
+    def run(self, sink: Callable[[dict], None] = lambda record: None) -> list[dict]:
+        """Run everything; each finished record goes to `sink` and into the returned list."""
+        prompts = self.task.prompts()
+        chat = self.settings.chat_template
+        encoded = [encode_prompt(self.target, p.text, chat) for p in prompts]
+        R, P, M = self.settings.repetitions, len(prompts), len(self.methods)
+        logger.info("task %s: %d prompts x %d methods x %d repetitions", self.task.name, P, M, R)
+
+        for ids in encoded[: self.settings.warmup]:
+            for method in self.methods:
+                self._generate(method, ids, self.sampling)
+
+        records = []
+        bar = tqdm(total=R * P * M, desc=f"bench {self.task.name}", unit="gen", disable=not self.settings.progress)
+        for r in range(R):
+            sampling = dataclasses.replace(self.sampling, seed=self.sampling.seed + r)
+            for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
+                done: dict[str, tuple[int, GenerationResult, dict]] = {}
+                for slot, method in enumerate(rotated(self.methods, i + r)):
+                    self.probe.start()
+                    result = self._generate(method, ids, sampling)
+                    done[method.name] = (slot, result, self.probe.stop())
+                    bar.set_postfix_str(f"{method.name} {result.stats.tokens_per_second:.2f} tok/s")
+                    bar.update()
+                group = [
+                    self._record(prompt, ids, r, m.name, *done[m.name]) for m in self.methods
+                ]  # configured order, whatever order they ran in
+                self._pair(group)
+                for record in group:
+                    sink(record)
+                records.extend(group)
+        bar.close()
+        return records
+
+    def _score(self, prompt: Prompt, text: str) -> tuple[str | None, Score]:
+        metric = self.task.metric_for(prompt.category)
+        if metric is None:
+            return None, Score(None)
+        key = (metric, prompt.id, text)  # identical outputs (lossless methods) are scored once
+        if key not in self._scores:
+            self._scores[key] = QUALITY_METRICS[metric](prompt, text)
+        return metric, self._scores[key]
+
+    def _record(
+        self, prompt: Prompt, ids: torch.Tensor, rep: int, method: str, slot: int, result: GenerationResult, resources: dict
+    ) -> dict:
+        stats = result.stats
+        n = stats.new_tokens
+        text = self.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
+        metric, score = self._score(prompt, text)
+        decided = sum(stats.tier_counts.values())
+        calls = {name: c.calls for name, c in stats.model_calls.items()}
+        roles = self.settings.roles
+        return {
+            "run_id": self.run_id,
+            "time": datetime.datetime.now().isoformat(timespec="seconds"),
+            "task": self.task.name,
+            "category": prompt.category,
+            "subcategory": prompt.subcategory,
+            "prompt_id": prompt.id,
+            "rep": rep,
+            "slot": slot,  # position in this prompt's method order (0 ran first)
+            "method": method,
+            "prompt_tokens": int(ids.shape[1]),
+            "max_new_tokens": self.max_new_tokens,
+            "new_tokens": n,
+            "seconds": stats.seconds,
+            "tokens_per_second": stats.tokens_per_second,
+            "steps": stats.steps,
+            "drafted": stats.drafted,
+            "accepted": stats.accepted,
+            "mean_accepted_length": stats.mean_accepted_length,
+            "acceptance_rate": stats.acceptance_rate if stats.drafted else None,
+            "rejection_rate": stats.rejection_rate if stats.drafted else None,
+            "tier_counts": dict(stats.tier_counts),
+            "tier_shares": {t: c / decided for t, c in stats.tier_counts.items()} if decided else {},
+            "model_calls": {name: dataclasses.asdict(c) for name, c in stats.model_calls.items()},
+            "calls_per_token": {name: c / n if n else None for name, c in calls.items()},
+            "full_calls_per_token": calls.get(roles["full"], 0) / n if n else None,
+            "slim_calls_per_token": calls.get(roles.get("slim", ""), 0) / n if n else None,
+            "quality_metric": metric,
+            "quality": score.value,
+            "quality_detail": score.detail,
+            **resources,
+            "output_tokens": list(result.tokens),
+            "output_text": text,
+        }
+
+    def _pair(self, group: list[dict]) -> None:
+        """Fill the fields that compare each record with the baseline's (and host's) record."""
+        by_name = {record["method"]: record for record in group}
+        base = by_name[self.settings.baseline]
+        host = by_name.get(self.settings.host) if self.settings.host else None
+        for record in group:
+            match, exact = token_agreement(record["output_tokens"], base["output_tokens"])
+            record["baseline"] = self.settings.baseline
+            record["speedup_vs_baseline"] = _ratio(record["tokens_per_second"], base["tokens_per_second"])
+            record["token_match_vs_baseline"] = match
+            record["exact_match_vs_baseline"] = float(exact)
+            record["host"] = self.settings.host
+            record["speedup_vs_host"] = _ratio(record["tokens_per_second"], host["tokens_per_second"]) if host else None
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None

@@ -1,0 +1,128 @@
+"""`viasd-bench`: run the configured methods on one task's prompts and write records,
+tables and plots (see docs/benchmark.md)."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import logging
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from ..bench import plots
+from ..bench.harness import BenchSettings, Harness, Method
+from ..bench.report import build_report
+from ..pipeline import build_decoder, load_pair
+
+logger = logging.getLogger(__name__)
+
+RECORDS = "records.jsonl"
+
+
+@dataclass
+class BenchOutcome:
+    out_dir: Path  # holds records.jsonl, table.md, summary.json, meta.json, config.yaml, *.png
+    records: list[dict]  # as written to records.jsonl
+    table: str  # the Markdown report
+
+
+def _versions() -> dict[str, str]:
+    names = ("torch", "transformers", "viasd-adapters")
+    out = {"python": platform.python_version()}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def run(cfg: DictConfig) -> BenchOutcome:
+    """Load the pair once, build every method's decoder around it, run, report."""
+    started = datetime.datetime.now()
+    run_id = started.strftime("%Y-%m-%d_%H-%M-%S")
+    out_dir = Path(cfg.out_dir or f"outputs/bench/{run_id}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if (out_dir / RECORDS).exists():
+        raise ValueError(f"{out_dir / RECORDS} exists already: pick a fresh out_dir")
+    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+
+    if not cfg.method:
+        raise ValueError("no method to run: pass method=[ar,sd,...] (files in conf/method/)")
+    settings = BenchSettings(
+        repetitions=cfg.repetitions,
+        warmup=cfg.warmup,
+        max_new_tokens=cfg.max_new_tokens,
+        chat_template=cfg.chat_template,
+        baseline=cfg.baseline,
+        host=cfg.host,
+        roles=OmegaConf.to_container(cfg.roles),
+        progress=cfg.progress,
+    )
+    task = instantiate(cfg.task, _convert_="all")
+    sampling = instantiate(cfg.sampling)
+
+    begin = time.perf_counter()
+    needs_draft = any(m.framework.drafter is not None for m in cfg.method.values())
+    pair = load_pair(cfg.model_pair, with_draft=needs_draft)
+    methods = [Method(name, build_decoder(m.framework, m.verifier, pair)) for name, m in cfg.method.items()]
+    load_seconds = time.perf_counter() - begin
+
+    harness = Harness(methods, pair.target, task, sampling, settings, run_id=run_id)
+    begin = time.perf_counter()
+    with (out_dir / RECORDS).open("w", encoding="utf-8") as f:
+
+        def sink(record: dict) -> None:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+
+        records = harness.run(sink)
+    bench_seconds = time.perf_counter() - begin
+
+    title = f"{task.name} on {cfg.model_pair.name} ({cfg.runtime.dtype}, {cfg.runtime.device})"
+    table, summary = build_report(records, harness.settings.baseline, harness.settings.host, title)
+    (out_dir / "table.md").write_text(table)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    if cfg.plots:
+        plots.speedup_vs_quality(records, out_dir / "speedup_quality.png")
+        plots.tier_shares(records, out_dir / "tier_shares.png")
+    meta = {
+        "run_id": run_id,
+        "started": started.isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "model_pair": cfg.model_pair.name,
+        "methods": list(cfg.method),
+        "task": task.name,
+        "load_seconds": load_seconds,
+        "bench_seconds": bench_seconds,
+        "records": len(records),
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch_threads": torch.get_num_threads()},
+        "versions": _versions(),
+    }
+    (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
+    logger.info("wrote %d records and the report to %s", len(records), out_dir)
+    return BenchOutcome(out_dir, records, table)
+
+
+@hydra.main(config_path="../../conf", config_name="bench", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    if cfg.out_dir is None:
+        with open_dict(cfg):
+            cfg.out_dir = HydraConfig.get().runtime.output_dir
+    outcome = run(cfg)
+    print(outcome.table)
+    print(f"records, table and plots: {outcome.out_dir}")
+
+
+if __name__ == "__main__":
+    main()

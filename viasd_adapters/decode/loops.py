@@ -1,0 +1,153 @@
+"""Decoding loops: autoregressive (AR) and draft-then-verify speculative decoding (SD)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from ..draft.base import Drafter
+from ..verify.base import Verifier
+from ..runner import CausalLMRunner
+from ..sampling import Sampler, SamplingConfig
+from .stats import DecodeStats
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # new tokens, the stop token included when one ended the generation
+    stats: DecodeStats
+
+
+class _Progress:
+    """The committed sequence and the two ways a generation ends (stop token, budget)."""
+
+    def __init__(self, input_ids: torch.Tensor, max_new_tokens: int, stop_token_ids, context_length: int):
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, tokens], got shape {tuple(input_ids.shape)}")
+        B, T = input_ids.shape
+        if B != 1:
+            raise ValueError(f"batch size {B} is not supported yet: decode one prompt at a time")
+        if T == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        if T >= context_length:
+            raise ValueError(
+                f"the prompt has {T} tokens but the model's context window is {context_length}:"
+                " shorten the prompt"
+            )
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if T + max_new_tokens > context_length:
+            logger.warning(
+                "prompt (%d) + max_new_tokens (%d) exceeds the context window (%d); "
+                "generating at most %d tokens", T, max_new_tokens, context_length, context_length - T,
+            )
+            max_new_tokens = context_length - T
+        self.ids = input_ids
+        self.prompt_length = T
+        self.max_new_tokens = max_new_tokens
+        self.stop_token_ids = set(stop_token_ids)
+        self.done = False
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.ids[0, self.prompt_length :].tolist()
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - (self.ids.shape[1] - self.prompt_length)
+
+    def commit(self, tokens: torch.Tensor) -> None:
+        """Append tokens, cut at the first stop token or at the budget."""
+        tokens = tokens[: self.remaining]
+        for i, token in enumerate(tokens.tolist()):
+            if token in self.stop_token_ids:
+                tokens, self.done = tokens[: i + 1], True
+                break
+        self.ids = torch.cat([self.ids, tokens[None].to(self.ids.device)], dim=1)
+        self.done = self.done or self.remaining <= 0
+
+
+class Decoder(ABC):
+    """A decoding loop: prompt ids in, new tokens and statistics out."""
+
+    @abstractmethod
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        sampling: SamplingConfig | None = None,
+        stop_token_ids: tuple[int, ...] = (),
+    ) -> GenerationResult:
+        """Generate up to `max_new_tokens` tokens after `input_ids` ([1, T])."""
+
+
+class AutoregressiveDecoder(Decoder):
+    """One target forward per token: the baseline every speedup is measured against."""
+
+    def __init__(self, target: PreTrainedModel, name: str = "target"):
+        self.runner = CausalLMRunner(target, name)
+
+    def generate(self, input_ids, max_new_tokens, sampling=None, stop_token_ids=()):
+        sampler = Sampler(sampling or SamplingConfig(), self.runner.device)
+        progress = _Progress(input_ids, max_new_tokens, stop_token_ids, self.runner.context_length)
+        self.runner.reset()
+        stats = DecodeStats()
+        begin = time.perf_counter()
+        while not progress.done:
+            logits = self.runner.logits(progress.ids, 1)[0]  # [V]
+            token, _ = sampler.choose(logits)
+            progress.commit(input_ids.new_tensor([token]))
+            stats.steps += 1
+        stats.seconds = time.perf_counter() - begin
+        stats.new_tokens = len(progress.new_tokens)
+        stats.model_calls = {self.runner.name: self.runner.stats}
+        return GenerationResult(progress.new_tokens, stats)
+
+
+class SpeculativeDecoder(Decoder):
+    """Draft-then-verify decoding; lossless when the verifier is."""
+
+    def __init__(self, drafter: Drafter, verifier: Verifier, num_draft_tokens: int = 5):
+        if num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
+        if drafter.vocab_size != verifier.vocab_size:
+            raise ValueError(
+                f"the drafter's vocabulary ({drafter.vocab_size}) differs from the target's"
+                f" ({verifier.vocab_size}): draft and target must share one tokenizer;"
+                " pick a draft model of the target's family"
+            )
+        self.drafter = drafter
+        self.verifier = verifier
+        self.num_draft_tokens = num_draft_tokens
+
+    def generate(self, input_ids, max_new_tokens, sampling=None, stop_token_ids=()):
+        sampler = Sampler(sampling or SamplingConfig(), input_ids.device)
+        progress = _Progress(input_ids, max_new_tokens, stop_token_ids, self.verifier.context_length)
+        self.drafter.reset()
+        self.verifier.reset()
+        stats = DecodeStats()
+        begin = time.perf_counter()
+        while not progress.done:
+            # Never draft past the budget: the verifier adds one token of its own.
+            k = min(self.num_draft_tokens, progress.remaining - 1)
+            # 1. draft
+            block = self.drafter.propose(progress.ids, k, sampler)
+            # 2. verify (the verifier's caches catch up and roll back inside)
+            verdict = self.verifier.verify(progress.ids, block, sampler)
+            # 3. commit; the drafter's cache rolls back to the common prefix on its next call
+            progress.commit(verdict.tokens)
+            stats.steps += 1
+            stats.drafted += verdict.num_drafted
+            stats.accepted += verdict.num_accepted
+            stats.tier_counts.update(verdict.tier_counts)
+        stats.seconds = time.perf_counter() - begin
+        stats.new_tokens = len(progress.new_tokens)
+        stats.model_calls = {**self.drafter.stats, **self.verifier.stats}
+        return GenerationResult(progress.new_tokens, stats)

@@ -1,0 +1,56 @@
+"""Counters of one generation and the figures derived from them."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from ..runner import CallStats
+
+
+@dataclass
+class DecodeStats:
+    """Everything one generation did, for the stats line and the benchmark records."""
+
+    new_tokens: int = 0  # tokens generated (after truncation at a stop token / the budget)
+    seconds: float = 0.0  # wall time of the whole decoding loop
+    steps: int = 0  # verification rounds (AR: one per token)
+    drafted: int = 0  # draft tokens proposed
+    accepted: int = 0  # draft tokens committed unchanged
+    tier_counts: Counter = field(default_factory=Counter)  # draft tokens decided per tier
+    model_calls: dict[str, CallStats] = field(default_factory=dict)  # cost per model
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens committed per verification round (accepted drafts + the verifier's token)."""
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted draft tokens."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def rejection_rate(self) -> float:
+        """Draft tokens not committed unchanged / drafted (1 - acceptance rate)."""
+        return 1.0 - self.acceptance_rate if self.drafted else 0.0
+
+    def summary(self) -> str:
+        calls = ", ".join(f"{name} {c.calls}" for name, c in self.model_calls.items())
+        return (
+            f"new tokens {self.new_tokens} | {self.tokens_per_second:.2f} tok/s"
+            f" | mean accepted length {self.mean_accepted_length:.2f}"
+            f" | acceptance rate {self.acceptance_rate:.3f}"
+            f" | forward calls: {calls}"
+        )
+
+    def to_dict(self) -> dict:
+        record = asdict(self)
+        record["tier_counts"] = dict(self.tier_counts)
+        for name in ("tokens_per_second", "mean_accepted_length", "acceptance_rate", "rejection_rate"):
+            record[name] = getattr(self, name)
+        return record

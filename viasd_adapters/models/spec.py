@@ -1,0 +1,60 @@
+"""What to load (`ModelSpec`) and what loading returns (`LoadedModel`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class TinyModelConfig:
+    """A randomly initialised model built from a config, for tests (nothing is downloaded)."""
+
+    architecture: str = "llama"  # "llama" or "qwen2"
+    num_layers: int = 4  # decoder layers
+    hidden_size: int = 64
+    num_heads: int = 4
+    num_kv_heads: int = 2  # grouped-query attention, as the real targets use
+    intermediate_size: int = 128
+    max_position_embeddings: int = 512  # the context window
+    vocab_size: int | None = None  # None: the byte tokenizer's 257 (a larger one pads the head)
+    seed: int = 0  # weights are a pure function of this seed
+    init_std: float = 0.3  # large enough that argmax ties (and so flaky greedy tests) are unlikely
+
+
+@dataclass
+class ModelSpec:
+    """A model to load: an offline zoo name, a local folder, a hub id, or "tiny-random"."""
+
+    name: str  # see `viasd_adapters.models.zoo.OFFLINE_MODELS` for the offline names
+    dtype: str = "bfloat16"  # float32 | bfloat16 | float16
+    device: str = "cpu"  # any torch device string
+    tiny: TinyModelConfig | None = None  # only for name == "tiny-random"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {sorted(_DTYPES)}")
+        if isinstance(self.tiny, dict):  # Hydra passes nested configs as dicts
+            self.tiny = TinyModelConfig(**self.tiny)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for decoding, with the tokenizer that matches it."""
+
+    model: PreTrainedModel  # in eval mode, on `spec.device`, in `spec.dtype`
+    tokenizer: PreTrainedTokenizerBase
+    spec: ModelSpec
+    stop_token_ids: tuple[int, ...] = field(default=())  # generation ends after any of these
+
+    @property
+    def context_length(self) -> int:
+        return int(self.model.config.max_position_embeddings)

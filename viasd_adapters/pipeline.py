@@ -1,0 +1,96 @@
+"""Turn composed configs into loaded models and decoders; shared by every entry point."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from .decode import Decoder, GenerationResult
+from .models import LoadedModel, load_model
+from .sampling import SamplingConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelPair:
+    """The loaded models of one `model_pair` config; decoders share them, never copy them."""
+
+    target: LoadedModel
+    draft: LoadedModel | None  # None when no configured framework drafts with a model
+
+
+def load_pair(model_pair: DictConfig, with_draft: bool = True) -> ModelPair:
+    target = load_model(instantiate(model_pair.target))
+    if not with_draft:
+        return ModelPair(target, None)
+    if model_pair.draft == model_pair.target:
+        return ModelPair(target, target)  # self-drafting: one copy of the weights
+    draft = load_model(instantiate(model_pair.draft))
+    check_same_tokenizer(draft, target)
+    return ModelPair(target, draft)
+
+
+def check_same_tokenizer(draft: LoadedModel, target: LoadedModel) -> None:
+    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        raise ValueError(
+            f"draft {draft.spec.name!r} and target {target.spec.name!r} use different tokenizers;"
+            " speculative decoding needs one shared vocabulary: pick a draft of the target's family"
+        )
+
+
+def build_decoder(framework: DictConfig, verifier: DictConfig, pair: ModelPair) -> Decoder:
+    """Build `framework` around the loaded pair.
+
+    A framework with a `drafter` gets `drafter=` and `verifier=` (built from `verifier`);
+    one without (AR) gets the bare `target=` model.
+    """
+    if framework.drafter is None:
+        return instantiate(framework.decoder, target=pair.target.model)
+    if pair.draft is None:
+        raise ValueError(f"framework {framework.name!r} drafts with a model: load the pair with_draft")
+    return instantiate(
+        framework.decoder,
+        drafter=instantiate(framework.drafter, model=pair.draft.model),
+        verifier=instantiate(verifier, target=pair.target.model),
+    )
+
+
+def encode_prompt(target: LoadedModel, prompt: str, chat_template: bool = True) -> torch.Tensor:
+    """Prompt text -> [1, T] ids on the target's device, in the chat template if it has one."""
+    if not prompt.strip():
+        raise ValueError('the prompt is empty: pass prompt="..."')
+    tokenizer = target.tokenizer
+    if chat_template and tokenizer.chat_template:
+        messages = [{"role": "user", "content": prompt}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    else:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+    return ids.to(target.model.device)
+
+
+@dataclass
+class Pipeline:
+    """One decoder with the models it decodes for: what `viasd-generate` runs."""
+
+    decoder: Decoder
+    pair: ModelPair
+    chat_template: bool  # wrap prompts in the target's chat template when it has one
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> Pipeline:
+        pair = load_pair(cfg.model_pair, with_draft=cfg.framework.drafter is not None)
+        return cls(build_decoder(cfg.framework, cfg.verifier, pair), pair, cfg.chat_template)
+
+    def generate(self, prompt: str, max_new_tokens: int, sampling: SamplingConfig) -> GenerationResult:
+        target = self.pair.target
+        ids = encode_prompt(target, prompt, self.chat_template)
+        return self.decoder.generate(ids, max_new_tokens, sampling, target.stop_token_ids)
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.pair.target.tokenizer.decode(tokens, skip_special_tokens=True)

@@ -1,0 +1,6 @@
+"""Intra-model routing: the routing mask z and the slim verifier u it carves out of the target q."""
+
+from .mask import RoutingMask, format_layers
+from .slim import FAMILIES, HiddenState, SlimModel
+
+__all__ = ["FAMILIES", "HiddenState", "RoutingMask", "SlimModel", "format_layers"]

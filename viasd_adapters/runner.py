@@ -1,0 +1,104 @@
+"""A causal LM bound to one sequence and its KV cache, which rolls back on demand."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+@dataclass
+class CallStats:
+    """What one model cost during a generation."""
+
+    calls: int = 0  # forward passes
+    tokens: int = 0  # tokens fed through those passes
+    seconds: float = 0.0  # wall time inside them
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.calls += 1
+        self.tokens += tokens
+        self.seconds += seconds
+
+
+def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Length of the longest common prefix of two 1-D token tensors."""
+    n = min(a.numel(), b.numel())
+    mismatch = (a[:n] != b[:n]).nonzero()
+    return int(mismatch[0]) if mismatch.numel() else n
+
+
+class CausalLMRunner:
+    """Runs a model over a growing sequence (batch size 1), feeding only what its cache lacks.
+
+    The cache remembers which tokens it holds. Each call compares them with the sequence it is
+    given and crops the cache to the common prefix, so rejected drafts, rewritten tokens and
+    tokens committed without this model (a lagging cache catching up) need no bookkeeping by
+    the caller: rollback and catch-up are the same operation.
+    """
+
+    def __init__(self, model: PreTrainedModel, name: str = "model"):
+        self.model = model
+        self.name = name
+        self.stats = CallStats()
+        self.reset()
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def context_length(self) -> int:
+        return int(self.model.config.max_position_embeddings)
+
+    @property
+    def cached_length(self) -> int:
+        return self.cached_ids.numel()
+
+    def reset(self) -> None:
+        """Forget the sequence and the statistics (start of a generation)."""
+        self.cache = DynamicCache()
+        self.cached_ids = torch.empty(0, dtype=torch.long, device=self.device)
+        self.stats = CallStats()
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` cached positions."""
+        if length < self.cached_length:
+            self.cache.crop(length)
+            self.cached_ids = self.cached_ids[:length]
+
+    @torch.no_grad()
+    def logits(self, input_ids: torch.Tensor, num_positions: int) -> torch.Tensor:
+        """Logits of the last `num_positions` positions of `input_ids`.
+
+        Args:
+            input_ids: [1, T] the whole sequence so far (prompt, committed tokens, drafts).
+            num_positions: m, 1 <= m <= T.
+        Returns:
+            [m, V] float logits; row i scores the token after position T - m + i.
+        """
+        B, T = input_ids.shape
+        assert B == 1 and 1 <= num_positions <= T
+        ids = input_ids[0]
+        self.crop(min(common_prefix_length(self.cached_ids, ids), T - num_positions))
+        start = self.cached_length
+        new_ids = ids[start:]
+        begin = time.perf_counter()
+        out = self.model(
+            input_ids=new_ids[None],
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=num_positions,
+        )
+        logits = out.logits[0]  # [m, V]
+        if logits.device.type == "cuda":
+            torch.cuda.synchronize(logits.device)
+        self.stats.add(new_ids.numel(), time.perf_counter() - begin)
+        self.cached_ids = ids.clone()
+        return logits
