@@ -28,10 +28,10 @@ def test_groups_are_not_empty():
 
 @pytest.mark.parametrize("pair", options("model_pair"))
 def test_model_pairs_instantiate_specs(pair):
-    cfg = compose_generate(f"model_pair={pair}", "runtime.dtype=float32")
-    for role in ("target", "draft"):
-        spec = instantiate(cfg.model_pair[role])
-        assert isinstance(spec, ModelSpec) and spec.dtype == "float32"
+    cfg = compose_generate(f"model_pair={pair}", "runtime.dtype=float16")
+    target, draft = (instantiate(cfg.model_pair[role]) for role in ("target", "draft"))
+    assert isinstance(target, ModelSpec) and isinstance(draft, ModelSpec)
+    assert target.dtype == "float16"
 
 
 @pytest.mark.parametrize("framework", options("framework"))

@@ -43,20 +43,40 @@ def check_same_tokenizer(draft: LoadedModel, target: LoadedModel) -> None:
         )
 
 
+# A drafter or verifier config names a model of the loaded pair with one of these strings.
+PAIR_MODELS = ("pair.draft", "pair.target")
+
+
+def uses_draft_model(*nodes: DictConfig | None) -> bool:
+    """Whether any of these component configs refers to the pair's draft model."""
+    return any(node is not None and "pair.draft" in node.values() for node in nodes)
+
+
+def _with_models(node: DictConfig, pair: ModelPair) -> dict:
+    """Loaded models for the keys of `node` whose value is "pair.draft" or "pair.target"."""
+    models = {}
+    for key, value in node.items():
+        if value in PAIR_MODELS:
+            loaded = pair.draft if value == "pair.draft" else pair.target
+            if loaded is None:
+                raise ValueError(f"{key}: {value} is not loaded: load the pair with_draft=True")
+            models[key] = loaded.model
+    return models
+
+
 def build_decoder(framework: DictConfig, verifier: DictConfig, pair: ModelPair) -> Decoder:
     """Build `framework` around the loaded pair.
 
-    A framework with a `drafter` gets `drafter=` and `verifier=` (built from `verifier`);
-    one without (AR) gets the bare `target=` model.
+    A framework with a `drafter` gets `drafter=` and `verifier=` (built from `verifier`, with
+    `target=` the pair's target); one without (AR) gets the bare `target=` model. Inside the
+    drafter and verifier configs, "pair.draft" / "pair.target" stand for the loaded models.
     """
     if framework.drafter is None:
         return instantiate(framework.decoder, target=pair.target.model)
-    if pair.draft is None:
-        raise ValueError(f"framework {framework.name!r} drafts with a model: load the pair with_draft")
     return instantiate(
         framework.decoder,
-        drafter=instantiate(framework.drafter, model=pair.draft.model),
-        verifier=instantiate(verifier, target=pair.target.model),
+        drafter=instantiate(framework.drafter, **_with_models(framework.drafter, pair)),
+        verifier=instantiate(verifier, target=pair.target.model, **_with_models(verifier, pair)),
     )
 
 
@@ -84,7 +104,8 @@ class Pipeline:
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> Pipeline:
-        pair = load_pair(cfg.model_pair, with_draft=cfg.framework.drafter is not None)
+        with_draft = uses_draft_model(cfg.framework.drafter, cfg.verifier)
+        pair = load_pair(cfg.model_pair, with_draft)
         return cls(build_decoder(cfg.framework, cfg.verifier, pair), pair, cfg.chat_template)
 
     def generate(self, prompt: str, max_new_tokens: int, sampling: SamplingConfig) -> GenerationResult:

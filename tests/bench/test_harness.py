@@ -38,7 +38,7 @@ def tiny_run(tmp_path_factory):
     prompts.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
     cfg = compose_bench(
         "model_pair=tiny-random", "runtime.dtype=float32", "method=[ar,sd]", "task=jsonl",
-        f"task.prompts_file={prompts}", "repetitions=2", "max_new_tokens=12", f"out_dir={tmp / 'out'}",
+        f"task.prompts_file={prompts}", "repetitions=2", "max_new_tokens=8", f"out_dir={tmp / 'out'}",
         "progress=false",
     )
     return run(cfg)

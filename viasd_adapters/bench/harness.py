@@ -2,7 +2,7 @@
 
 Order of work (one process, models loaded once, every decoder sharing them):
 
-1. warm-up: each method decodes the first `warmup` prompts once; nothing is recorded;
+1. warm-up: each method decodes the `warmup` shortest prompts once; nothing is recorded;
 2. for each repetition r, for each prompt i, every method decodes the prompt, in the
    configured order rotated by (i + r) positions, so that machine drift and cache effects hit
    every method alike and no method always runs first;
@@ -48,7 +48,7 @@ class BenchSettings:
     """How the methods are run and compared."""
 
     repetitions: int = 3  # timed generations of every (method, prompt)
-    warmup: int = 1  # prompts each method decodes untimed before the first record
+    warmup: int = 1  # shortest prompts each method decodes untimed before the first record
     max_new_tokens: int = 64  # per generation, unless the task sets its own
     chat_template: bool = True  # wrap prompts in the target's chat template when it has one
     baseline: str = "ar"  # speedups and agreement are measured against this method
@@ -83,8 +83,9 @@ class Harness:
         task: Task,
         sampling: SamplingConfig,
         settings: BenchSettings,
-        run_id: str = "",
+        context: dict | None = None,
     ):
+        """`context`: fields copied into every record first (run id, model pair, dtype...)."""
         names = [m.name for m in methods]
         if len(set(names)) != len(names):
             raise ValueError(f"method names must be unique, got {names}")
@@ -101,7 +102,7 @@ class Harness:
         self.task = task
         self.sampling = sampling
         self.settings = settings
-        self.run_id = run_id
+        self.context = dict(context or {})
         self.probe = ResourceProbe(target.model.device)
         self._scores: dict[tuple[str, str, str], Score] = {}
 
@@ -120,7 +121,8 @@ class Harness:
         R, P, M = self.settings.repetitions, len(prompts), len(self.methods)
         logger.info("task %s: %d prompts x %d methods x %d repetitions", self.task.name, P, M, R)
 
-        for ids in encoded[: self.settings.warmup]:
+        # Warm-up on the shortest prompts: it is there to settle allocators and kernels, cheaply.
+        for ids in sorted(encoded, key=lambda x: x.shape[1])[: self.settings.warmup]:
             for method in self.methods:
                 self._generate(method, ids, self.sampling)
 
@@ -166,7 +168,7 @@ class Harness:
         calls = {name: c.calls for name, c in stats.model_calls.items()}
         roles = self.settings.roles
         return {
-            "run_id": self.run_id,
+            **self.context,
             "time": datetime.datetime.now().isoformat(timespec="seconds"),
             "task": self.task.name,
             "category": prompt.category,

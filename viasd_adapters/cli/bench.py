@@ -23,6 +23,7 @@ from ..bench import plots
 from ..bench.harness import BenchSettings, Harness, Method
 from ..bench.report import build_report
 from ..pipeline import build_decoder, load_pair
+from . import CONFIG_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ def run(cfg: DictConfig) -> BenchOutcome:
         roles=OmegaConf.to_container(cfg.roles),
         progress=cfg.progress,
     )
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
     task = instantiate(cfg.task, _convert_="all")
     sampling = instantiate(cfg.sampling)
 
@@ -78,7 +81,14 @@ def run(cfg: DictConfig) -> BenchOutcome:
     methods = [Method(name, build_decoder(m.framework, m.verifier, pair)) for name, m in cfg.method.items()]
     load_seconds = time.perf_counter() - begin
 
-    harness = Harness(methods, pair.target, task, sampling, settings, run_id=run_id)
+    context = {
+        "run_id": run_id,
+        "model_pair": cfg.model_pair.name,
+        "dtype": cfg.runtime.dtype,
+        "draft_dtype": cfg.runtime.get("draft_dtype"),
+        "device": cfg.runtime.device,
+    }
+    harness = Harness(methods, pair.target, task, sampling, settings, context)
     begin = time.perf_counter()
     with (out_dir / RECORDS).open("w", encoding="utf-8") as f:
 
@@ -114,7 +124,7 @@ def run(cfg: DictConfig) -> BenchOutcome:
     return BenchOutcome(out_dir, records, table)
 
 
-@hydra.main(config_path="../../conf", config_name="bench", version_base="1.3")
+@hydra.main(config_path=CONFIG_DIR, config_name="bench", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     if cfg.out_dir is None:
         with open_dict(cfg):

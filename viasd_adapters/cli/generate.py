@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 from ..decode import GenerationResult
 from ..pipeline import Pipeline
+from . import CONFIG_DIR
 
 
 def run(cfg: DictConfig) -> tuple[str, GenerationResult]:
@@ -16,7 +17,7 @@ def run(cfg: DictConfig) -> tuple[str, GenerationResult]:
     return pipeline.decode(result.tokens), result
 
 
-@hydra.main(config_path="../../conf", config_name="generate", version_base="1.3")
+@hydra.main(config_path=CONFIG_DIR, config_name="generate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     text, result = run(cfg)
     print(text)

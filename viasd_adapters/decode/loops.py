@@ -117,7 +117,7 @@ class SpeculativeDecoder(Decoder):
     def __init__(self, drafter: Drafter, verifier: Verifier, num_draft_tokens: int = 5):
         if num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
-        if drafter.vocab_size != verifier.vocab_size:
+        if drafter.vocab_size not in (None, verifier.vocab_size):
             raise ValueError(
                 f"the drafter's vocabulary ({drafter.vocab_size}) differs from the target's"
                 f" ({verifier.vocab_size}): draft and target must share one tokenizer;"

@@ -36,8 +36,8 @@ class Drafter(ABC):
 
     @property
     @abstractmethod
-    def vocab_size(self) -> int:
-        """V of the distributions it returns."""
+    def vocab_size(self) -> int | None:
+        """V of the distributions it returns; None for drafters that copy tokens (any V fits)."""
 
     @abstractmethod
     def reset(self) -> None:

@@ -252,9 +252,9 @@ def check_tokenizer(tok: PreTrainedTokenizerBase, meta: TokenizerMeta) -> None:
         if wanted is not None and got != wanted:
             problems.append(f"{what} id is {got}, metadata says {wanted}")
     for text, i in {**meta.control, **meta.user_defined}.items():
-        ids = tok.encode(f"a{text}b", add_special_tokens=False)
-        if tok.encode(text, add_special_tokens=False) != [i] or i not in ids:
-            problems.append(f"{text!r} encodes to {tok.encode(text, add_special_tokens=False)}, not [{i}]")
+        alone = tok.encode(text, add_special_tokens=False)
+        if alone != [i] or i not in tok.encode(f"a{text}b", add_special_tokens=False):
+            problems.append(f"{text!r} encodes to {alone}, not [{i}]")
     plain = tok.encode("a", add_special_tokens=False)
     full = tok.encode("a", add_special_tokens=True)
     expected = [meta.bos_id] * meta.add_bos + plain + [meta.eos_id] * meta.add_eos
@@ -350,6 +350,8 @@ def cache_problems(folder: Path, source: OfflineSource) -> list[str]:
 
 def ensure_cached(name: str) -> Path:
     """The fp32 folder of offline model `name`, converting it on first use."""
+    if name not in OFFLINE_MODELS:
+        raise ValueError(f"{name!r} is not an offline model; known: {', '.join(OFFLINE_MODELS)}")
     source = OFFLINE_MODELS[name]
     folder = cache_dir(name)
     if folder.exists():

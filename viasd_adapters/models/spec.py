@@ -38,8 +38,8 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not one of {sorted(_DTYPES)}")
-        if isinstance(self.tiny, dict):  # Hydra passes nested configs as dicts
-            self.tiny = TinyModelConfig(**self.tiny)
+        if self.tiny is not None and not isinstance(self.tiny, TinyModelConfig):
+            self.tiny = TinyModelConfig(**self.tiny)  # Hydra passes nested configs as mappings
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -133,6 +133,11 @@ class RoutingMask:
         return cls(num_layers=num_layers)
 
     @property
+    def skips(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """(skip_layers, skip_attention, skip_mlp): what the mask does, without model or provenance."""
+        return self.skip_layers, self.skip_attention, self.skip_mlp
+
+    @property
     def touched_layers(self) -> tuple[int, ...]:
         """Layers of which at least one sub-block is skipped."""
         return tuple(sorted(set(self.skip_layers) | set(self.skip_attention) | set(self.skip_mlp)))

@@ -2,6 +2,7 @@
 
 from .acceptance import Acceptance, greedy_match, lossless_accept, rejection_sample
 from .base import Verdict, Verifier
+from .cascade import SpeculativeCascadeVerifier, token_deferral
 from .lossless import LosslessVerifier
 from .policy import ConfidencePolicy, Tier, TierPolicy
 from .tiered import TieredVerifier
@@ -13,9 +14,11 @@ __all__ = [
     "Tier",
     "TierPolicy",
     "TieredVerifier",
+    "SpeculativeCascadeVerifier",
     "Verdict",
     "Verifier",
     "greedy_match",
     "lossless_accept",
     "rejection_sample",
+    "token_deferral",
 ]

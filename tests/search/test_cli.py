@@ -1,0 +1,116 @@
+"""viasd-search and viasd-eval-mask end to end on a tiny random model (run(cfg), as @hydra.main calls it)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from viasd_adapters.cli import eval_mask as eval_cli
+from viasd_adapters.cli import search as search_cli
+from viasd_adapters.routing import RoutingMask
+from viasd_adapters.search.calibration import select_prompts, PromptSource
+
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
+
+
+@pytest.fixture
+def prompts_file(tmp_path) -> Path:
+    path = tmp_path / "questions.jsonl"
+    rows = [{"question_id": 10 * c + i, "category": cat, "turns": [f"{cat} question {i}: say something."]}
+            for c, cat in enumerate(["qa", "writing"]) for i in range(4)]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return path
+
+
+def tiny_overrides(tmp_path, prompts_file) -> list[str]:
+    return [
+        "model_pair=tiny-random", "runtime.dtype=float32", "progress=false",
+        f"cache_dir={tmp_path}/cache",
+        f"calibration.sources=[{{kind: spec_bench, path: '{prompts_file}', num_prompts: 2}}]",
+        "calibration.max_new_tokens=12",
+    ]
+
+
+def test_calibration_splits_are_disjoint_and_from_the_end(prompts_file):
+    source = PromptSource("spec_bench", 2, str(prompts_file))
+    calib = select_prompts(source, "calibration", 1)
+    held = select_prompts(source, "heldout", 1)
+    assert calib == [("spec_bench/3", "qa question 3: say something."),
+                     ("spec_bench/13", "writing question 3: say something.")]
+    assert [p for p, _ in held] == ["spec_bench/2", "spec_bench/12"]
+    with pytest.raises(ValueError, match="too few"):
+        select_prompts(source, "heldout", 2)
+
+
+def test_search_writes_installs_and_resumes(tmp_path, prompts_file):
+    overrides = tiny_overrides(tmp_path, prompts_file) + [
+        "search=layers", "search.budget.amount=2", "search.config.num_random=3", "search.config.num_tpe=4",
+        "search.baselines.greedy=2", f"out_dir={tmp_path}/out", "install=tiny-2l",
+        f"routing_dir={tmp_path}/routing", f"docs_dir={tmp_path}/docs",
+    ]
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose("search", overrides=overrides)
+    out = search_cli.run(cfg)
+    assert len(out.mask.skip_layers) == 2 and out.mask.num_layers == 4
+    assert len(out.result.trials) == 1 + 3 + 4  # the sensitivity seed, random, TPE
+    # Greedy removal is a baseline: the found mask is at least as good on the calibration text.
+    assert out.result.best.metrics.kl <= out.baselines.greedy[-1].metrics.kl + 1e-9
+    installed = instantiate(OmegaConf.load(tmp_path / "routing" / "tiny-2l.yaml"))
+    assert installed == out.mask
+    for key in ("model", "kl", "top1", "budget", "trials", "search_seconds", "date", "greedy", "random_median"):
+        assert key in installed.provenance, key
+    report = (tmp_path / "docs" / "tiny-2l" / "report.md").read_text()
+    assert "Per-layer sensitivity" in report and "greedy removal" in report and "random masks" in report
+    assert (tmp_path / "docs" / "tiny-2l" / "best_cost.png").stat().st_size > 1000
+
+    # Run again: trials resume from trials.pkl, evaluations come from the store.
+    again = search_cli.run(cfg)
+    assert again.result.resumed_from == 8 and again.result.evaluations == 0
+    assert again.mask == out.mask
+
+
+def test_eval_mask(tmp_path, prompts_file):
+    overrides = tiny_overrides(tmp_path, prompts_file) + [
+        "routing=none", "routing.skip_layers=[2]", "num_random=2", "timing.repetitions=2", "timing.warmup=0",
+        "timing.context_tokens=20", f"out_dir={tmp_path}/eval",
+        f"greedy_calibration.sources=[{{kind: spec_bench, path: '{prompts_file}', num_prompts: 2}}]",
+        "greedy_calibration.max_new_tokens=12",
+    ]
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose("eval_mask", overrides=overrides)
+    out = eval_cli.run(cfg)
+    assert out.mask.skip_layers == (2,)
+    assert len(out.random) == 2 and all(m.skip_layers != (2,) for m, _ in out.random)
+    assert out.greedy is not None and len(out.greedy[0].skip_layers) == 1
+    assert [t.new_tokens for t in out.timing] == [1, 8]
+    summary = json.loads(out.path.read_text())
+    assert summary["heldout"]["split"] == "heldout" and summary["found"]["num_positions"] > 0
+    with pytest.raises(ValueError, match="skips nothing"):
+        with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+            eval_cli.run(compose("eval_mask", overrides=tiny_overrides(tmp_path, prompts_file) + ["routing=none"]))
+
+
+def test_every_routing_config_instantiates():
+    files = sorted((Path(CONF) / "routing").glob("*.yaml"))
+    assert any(f.stem == "none" for f in files)
+    for file in files:
+        with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+            cfg = compose("eval_mask", overrides=[f"routing={file.stem}"])
+        mask = instantiate(cfg.routing)
+        assert isinstance(mask, RoutingMask)
+        if file.stem != "none":
+            assert mask.num_layers and mask.model and mask.provenance["kl"] >= 0, file
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (Path(CONF) / "search").glob("*.yaml")))
+def test_every_search_config_composes(option):
+    from viasd_adapters.search import Budget, SearchConfig
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose("search", overrides=[f"search={option}"])
+    Budget(**cfg.search.budget)
+    SearchConfig(**cfg.search.config)
+    assert cfg.calibration.split == "calibration"

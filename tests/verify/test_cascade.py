@@ -1,0 +1,28 @@
+import torch
+
+from tests.decode.test_loops import PROMPT
+from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
+from viasd_adapters.draft import ModelDrafter
+from viasd_adapters.verify import SpeculativeCascadeVerifier, token_deferral
+
+
+def test_deferral_rule_on_hand_made_distributions():
+    p = torch.tensor([[0.9, 0.1, 0.0], [0.4, 0.3, 0.3]])
+    q = torch.tensor([[0.8, 0.2, 0.0], [0.0, 1.0, 0.0]])
+    assert token_deferral(p, q, alpha=0.5).tolist() == [False, True]
+    assert token_deferral(p, q, alpha=10.0).tolist() == [False, False]
+
+
+def test_never_deferring_follows_the_drafter(tiny_target, tiny_draft):
+    draft_only = AutoregressiveDecoder(tiny_draft).generate(PROMPT, 40)
+    verifier = SpeculativeCascadeVerifier(tiny_target.model, alpha=1e9)
+    out = SpeculativeDecoder(ModelDrafter(tiny_draft), verifier, 4).generate(PROMPT, 40)
+    assert out.tokens[:4] == draft_only.tokens[:4]  # then a bonus token from q changes the context
+    assert out.stats.acceptance_rate == 1.0
+    assert out.stats.tier_counts["full"] == 0 and out.stats.tier_counts["draft"] == out.stats.drafted
+
+
+def test_cascade_accepts_at_least_what_plain_sd_accepts(tiny_target, tiny_draft):
+    verifier = SpeculativeCascadeVerifier(tiny_target.model, alpha=0.0)
+    out = SpeculativeDecoder(ModelDrafter(tiny_draft), verifier, 4).generate(PROMPT, 60)
+    assert len(out.tokens) == 60 and out.stats.acceptance_rate > 0

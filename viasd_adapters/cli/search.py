@@ -1,0 +1,171 @@
+"""`viasd-search`: find a routing mask for a model pair's target (DIMR) and write it with a report.
+
+    viasd-search model_pair=qwen2.5-coder-0.5b-1.5b search=layers search.budget.amount=4 \
+        install=qwen2.5-coder-1.5b-4l
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import logging
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from ..models import load_model
+from ..routing import RoutingMask
+from ..search import (
+    Baselines,
+    Budget,
+    CalibrationConfig,
+    MaskSpace,
+    SearchConfig,
+    SearchResult,
+    attention_share,
+    greedy_removal,
+    open_session,
+    run_search,
+    sensitivity,
+    write_report,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SearchOutput:
+    mask: RoutingMask  # the found mask, with provenance
+    result: SearchResult
+    baselines: Baselines
+    mask_path: Path  # mask.yaml in the output folder
+    report_path: Path
+    installed: Path | None  # conf/routing/<install>.yaml when `install` was set
+
+
+def run(cfg: DictConfig) -> SearchOutput:
+    begin = time.perf_counter()
+    loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))
+    session = open_session(loaded, CalibrationConfig(**OmegaConf.to_container(cfg.calibration, resolve=True)),
+                           cfg.cache_dir, cfg.progress)
+    L, name = session.num_layers, session.model_name
+    budget = Budget(**OmegaConf.to_container(cfg.search.budget, resolve=True))
+    space = MaskSpace(L, budget, attention_share(loaded.model), name)
+    search_cfg = SearchConfig(**OmegaConf.to_container(cfg.search.config, resolve=True))
+    objective = session.objective
+
+    # Baselines first: they seed the search and go in the report.
+    baselines = Baselines()
+    if cfg.search.baselines.sensitivity:
+        baselines.sensitivity = sensitivity(objective, L, sub_blocks=budget.unit == "blocks", progress=cfg.progress)
+    greedy_steps = int(cfg.search.baselines.greedy or 0)
+    if greedy_steps:
+        baselines.greedy = greedy_removal(objective, L, greedy_steps, search_cfg.cost, name, cfg.progress)
+    seeds = _seed_masks(list(cfg.search.seeds), space, baselines, search_cfg.cost)
+    baseline_seconds = time.perf_counter() - begin
+
+    out_dir = Path(cfg.out_dir)
+    result = run_search(objective, space, search_cfg, out_dir / "trials.pkl", seeds, progress=cfg.progress)
+    best = result.best
+    evaluation_seconds = sum(t.metrics.seconds for t in _unique(result.trials))
+    provenance = {
+        "method": "DIMR: random search, then hyperopt TPE",
+        "model": name,
+        "dtype": loaded.spec.dtype,
+        "budget": {"unit": budget.unit, "amount": budget.amount},
+        "budget_text": budget.describe(),
+        "cost": search_cfg.cost,
+        "kl": round(best.metrics.kl, 5),
+        "top1": round(best.metrics.top1, 4),
+        "skipped_cost_layers": round(space.cost_of(best.mask), 3),
+        "calibration": session.calibration.description | {"scored_positions": session.calibration.num_scored},
+        "calibration_text": f"{session.calibration.description['split']} split, "
+                            f"{len(session.calibration.texts)} texts, {session.calibration.num_scored} scored positions",
+        "trials": {p: len(result.of_phase(p)) for p in ("seed", "random", "tpe")},
+        "trials_text": ", ".join(f"{len(result.of_phase(p))} {p}" for p in ("seed", "random", "tpe")),
+        "evaluations": len(_unique(result.trials)),
+        # What the trials' masks cost to evaluate (cache hits counted at their original cost),
+        # and the wall time of this run (baselines and search; a resumed run counts only itself).
+        "search_seconds": round(evaluation_seconds, 1),
+        "wall_seconds": round(time.perf_counter() - begin, 1),
+        "baseline_seconds": round(baseline_seconds, 1),
+        "search_config": OmegaConf.to_container(cfg.search.config, resolve=True),
+        "date": datetime.date.today().isoformat(),
+        "versions": {p: importlib.metadata.version(p) for p in ("torch", "transformers", "hyperopt")},
+        "threads": torch.get_num_threads(),
+        "command": " ".join(["viasd-search", *sys.argv[1:]]) if sys.argv and "viasd-search" in sys.argv[0] else None,
+    }
+    greedy = baselines.greedy_at(len(best.mask.skip_layers)) if best.mask.is_layer_mask else None
+    if greedy is not None:
+        provenance["greedy"] = {"skip_layers": list(greedy.mask.skip_layers), "kl": round(greedy.metrics.kl, 5),
+                                "top1": round(greedy.metrics.top1, 4)}
+    random = result.of_phase("random")
+    if random:
+        from ..search.report import random_summary
+
+        s = random_summary([t.metrics for t in random])
+        provenance["random_median"] = {"count": s["count"], "kl": round(s["kl"]["median"], 5),
+                                       "top1": round(s["top1"]["median"], 4)}
+    mask = RoutingMask(*best.mask.skips, num_layers=L, model=name,
+                       provenance={k: v for k, v in provenance.items() if not k.endswith("_text") and v is not None})
+    header = (f"Routing mask for {name}: {mask.describe()} ({budget.describe()} of {L} layers), found by "
+              f"viasd-search.\nOn its calibration text: KL(q||u) {best.metrics.kl:.4f}, top-1 agreement "
+              f"{best.metrics.top1:.3f}.")
+    mask_path = mask.to_yaml(out_dir / "mask.yaml", header)
+    report_path = write_report(out_dir, mask, result, baselines, provenance)
+    installed = None
+    if cfg.install:
+        installed = mask.to_yaml(Path(cfg.routing_dir) / f"{cfg.install}.yaml", header)
+        docs = Path(cfg.docs_dir) / str(cfg.install)
+        docs.mkdir(parents=True, exist_ok=True)
+        for file in ("report.md", "best_cost.png", "mask.yaml"):
+            shutil.copy(out_dir / file, docs / file)
+    logger.info("found %s: kl %.4f top1 %.3f -> %s", mask.describe(), best.metrics.kl, best.metrics.top1, mask_path)
+    return SearchOutput(mask, result, baselines, mask_path, report_path, installed)
+
+
+def _unique(trials):
+    seen, out = set(), []
+    for t in trials:
+        if t.mask.skips not in seen:
+            seen.add(t.mask.skips)
+            out.append(t)
+    return out
+
+
+def _seed_masks(kinds: list[str], space: MaskSpace, baselines: Baselines, cost: str) -> list[RoutingMask]:
+    """Known masks the search evaluates first: "sensitivity" (the least sensitive layers), "greedy"."""
+    seeds = []
+    for kind in kinds:
+        if kind == "sensitivity":
+            if baselines.sensitivity is None:
+                raise ValueError('seed "sensitivity" needs search.baselines.sensitivity=true')
+            scores = {}
+            for label, (block, i) in zip(space.labels(), space.blocks):
+                table = {"layer": baselines.sensitivity.layer, "attention": baselines.sensitivity.attention,
+                         "mlp": baselines.sensitivity.mlp}[block]
+                scores[label] = -table[i].cost(cost)  # the least sensitive blocks score highest
+            seeds.append(space.decode(scores))
+        elif kind == "greedy":
+            step = baselines.greedy_at(int(space.budget.amount)) if space.budget.unit == "layers" else None
+            if step is None:
+                raise ValueError('seed "greedy" needs a layer budget and search.baselines.greedy >= the budget')
+            seeds.append(step.mask)
+        else:
+            raise ValueError(f"unknown seed {kind!r}: use 'sensitivity' or 'greedy'")
+    return seeds
+
+
+@hydra.main(config_path="../../conf", config_name="search", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    logging.getLogger("hyperopt").setLevel(logging.WARNING)  # one INFO line per TPE proposal otherwise
+    out = run(cfg)
+    print(f"{out.mask.describe()}  kl={out.result.best.metrics.kl:.4f}  top1={out.result.best.metrics.top1:.3f}")
+    print(f"mask: {out.installed or out.mask_path}\nreport: {out.report_path}")

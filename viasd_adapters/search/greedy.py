@@ -1,0 +1,71 @@
+"""Baselines of the search: per-layer sensitivity and greedy layer-by-layer removal."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tqdm.auto import tqdm
+
+from ..routing import RoutingMask
+from .objective import MaskMetrics
+
+Objective = Callable[[RoutingMask], MaskMetrics]
+
+
+@dataclass
+class Sensitivity:
+    """What skipping one block alone costs, per layer."""
+
+    layer: list[MaskMetrics]  # [L] whole layer i skipped
+    attention: list[MaskMetrics] | None = None  # [L] only layer i's attention skipped
+    mlp: list[MaskMetrics] | None = None  # [L] only layer i's MLP skipped
+
+
+def sensitivity(objective: Objective, num_layers: int, sub_blocks: bool = False, progress: bool = True) -> Sensitivity:
+    """Evaluate every single-layer (and, with `sub_blocks`, single sub-block) mask."""
+    kinds = ("layer", "attention", "mlp") if sub_blocks else ("layer",)
+    masks = [(kind, i) for kind in kinds for i in range(num_layers)]
+    results: dict[str, list[MaskMetrics]] = {kind: [] for kind in kinds}
+    for kind, i in tqdm(masks, desc="sensitivity", disable=not progress):
+        mask = RoutingMask(**{{"layer": "skip_layers", "attention": "skip_attention", "mlp": "skip_mlp"}[kind]: [i]},
+                           num_layers=num_layers)
+        results[kind].append(objective(mask))
+    return Sensitivity(results["layer"], results.get("attention"), results.get("mlp"))
+
+
+@dataclass
+class GreedyStep:
+    """One step of greedy removal: the layer whose removal cost least, given the earlier ones."""
+
+    mask: RoutingMask  # all layers removed so far
+    metrics: MaskMetrics  # of `mask`
+    candidates: dict[int, MaskMetrics]  # layer tried at this step -> metrics of the mask with it removed
+
+
+def greedy_removal(objective: Objective, num_layers: int, steps: int, cost: str = "kl",
+                   model: str | None = None, progress: bool = True) -> list[GreedyStep]:
+    """Remove layers one at a time, each time the one whose removal costs least.
+
+    `steps` removals need sum_{j < steps} (L - j) evaluations (the first step is the per-layer
+    sensitivity); an objective with a memo makes repeated calls free.
+    """
+    if not 1 <= steps < num_layers:
+        raise ValueError(f"greedy removal steps must be in [1, {num_layers - 1}], got {steps}")
+    path: list[GreedyStep] = []
+    removed: list[int] = []
+    total = sum(num_layers - j for j in range(steps))
+    with tqdm(total=total, desc="greedy removal", disable=not progress) as bar:
+        for _ in range(steps):
+            candidates = {}
+            for layer in range(num_layers):
+                if layer in removed:
+                    continue
+                candidates[layer] = objective(RoutingMask(removed + [layer], num_layers=num_layers))
+                bar.update()
+            best = min(candidates, key=lambda layer: (candidates[layer].cost(cost), layer))
+            removed.append(best)
+            mask = RoutingMask(removed, num_layers=num_layers, model=model)
+            path.append(GreedyStep(mask, candidates[best], candidates))
+            bar.set_postfix_str(f"{mask.describe()} kl={candidates[best].kl:.3f} top1={candidates[best].top1:.3f}")
+    return path
