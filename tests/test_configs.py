@@ -41,3 +41,31 @@ def test_frameworks_and_verifiers_compose(framework, verifier):
     assert cfg.framework.name == framework
     assert "_target_" in cfg.framework.decoder and "_target_" in cfg.verifier
     assert instantiate(cfg.sampling).greedy
+
+
+@pytest.mark.parametrize("routing", options("routing"))
+def test_routing_masks_instantiate(routing):
+    from viasd_adapters.routing import RoutingMask
+
+    cfg = compose_generate(f"routing={routing}")
+    assert isinstance(instantiate(cfg.routing), RoutingMask)
+
+
+@pytest.mark.parametrize("policy", options("policy"))
+def test_policies_instantiate(policy):
+    from viasd_adapters.verify import TierPolicy
+
+    cfg = compose_generate(f"policy={policy}")
+    assert isinstance(instantiate(cfg.policy), TierPolicy)
+
+
+@pytest.mark.parametrize("framework", ["ar", "sd", "lookup", "cascade"])
+@pytest.mark.parametrize("verifier", ["full", "tiered", "tiered-intermediate", "faster-cascade"])
+def test_decoders_build_and_decode_on_the_tiny_pair(framework, verifier):
+    from viasd_adapters.cli.generate import run
+
+    cfg = compose_generate(
+        "model_pair=tiny-random", f"framework={framework}", f"verifier={verifier}", "max_new_tokens=6"
+    )
+    _, result = run(cfg)
+    assert len(result.tokens) == 6

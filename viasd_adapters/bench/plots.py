@@ -18,6 +18,17 @@ def _methods(records: list[dict]) -> list[str]:
     return list(dict.fromkeys(r["method"] for r in records))
 
 
+def _subtitle(records: list[dict]) -> str:
+    """Model pair, precision and machine load: what a reader needs to judge the speeds."""
+    first = records[0]
+    loads = values_of(records, "loadavg_1m_start") + values_of(records, "loadavg_1m_end")
+    parts = [first.get("model_pair"), first.get("dtype"), first.get("device")]
+    text = ", ".join(str(p) for p in parts if p)
+    if loads:
+        text += f"; 1-min load {min(loads):.1f}-{max(loads):.1f} on {first.get('cpu_count')} cores"
+    return text
+
+
 def speedup_vs_quality(records: list[dict], path: Path) -> Path:
     """One panel per quality measure: agreement with the baseline on all prompts, then each
     category's task metric; x is the median speedup against the baseline, y the mean quality."""
@@ -43,6 +54,7 @@ def speedup_vs_quality(records: list[dict], path: Path) -> Path:
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("quality (mean)")
     axes[0][-1].legend(fontsize=8, loc="best")
+    fig.suptitle(_subtitle(records), fontsize=9, color="dimgrey")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -54,7 +66,7 @@ def tier_shares(records: list[dict], path: Path) -> Path:
     tiers = tier_names(records)
     categories = list(dict.fromkeys(r["category"] for r in records))
     methods = [m for m in _methods(records) if any(r["tier_counts"] for r in records if r["method"] == m)]
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(categories) * max(1, len(methods))), 3.8))
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.3 * len(categories) * max(1, len(methods))), 3.8))
     if not methods:
         ax.text(0.5, 0.5, "no method drafted: no tier decisions", ha="center", va="center")
         ax.set_axis_off()
@@ -76,7 +88,7 @@ def tier_shares(records: list[dict], path: Path) -> Path:
         ax.set_xticks(range(len(categories)), categories, fontsize=9)
         ax.set_ylim(0, 1.25)
         ax.set_ylabel("share of decided draft tokens")
-        ax.set_title("tier shares per task (pooled)", fontsize=10)
+        ax.set_title(f"tier shares per task (pooled)\n{_subtitle(records)}", fontsize=9)
         ax.legend(title="tier", fontsize=8, loc="upper right", ncol=len(tiers))
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -101,6 +101,8 @@ def run(cfg: DictConfig) -> BenchOutcome:
 
     title = f"{task.name} on {cfg.model_pair.name} ({cfg.runtime.dtype}, {cfg.runtime.device})"
     table, summary = build_report(records, harness.settings.baseline, harness.settings.host, title)
+    if harness.skipped:
+        table += f"\nSkipped (longer than the context window): {', '.join(harness.skipped)}.\n"
     (out_dir / "table.md").write_text(table)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     if cfg.plots:
@@ -116,6 +118,7 @@ def run(cfg: DictConfig) -> BenchOutcome:
         "load_seconds": load_seconds,
         "bench_seconds": bench_seconds,
         "records": len(records),
+        "skipped_prompts": harness.skipped,  # longer than the target's context window
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch_threads": torch.get_num_threads()},
         "versions": _versions(),
     }

@@ -23,6 +23,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ..models import load_model
+from . import CONFIG_DIR
 from ..routing import RoutingMask, format_layers
 from ..search import Budget, CalibrationConfig, MaskMetrics, MaskSpace, attention_share, greedy_removal, open_session
 from ..search.timing import CostRatio, measure_cost_ratio
@@ -45,7 +46,13 @@ class EvalOutput:
                 "top1": statistics.median(m.top1 for _, m in self.random)}
 
 
+def _set_threads(cfg: DictConfig) -> None:
+    if cfg.runtime.get("threads"):
+        torch.set_num_threads(int(cfg.runtime.threads))
+
+
 def run(cfg: DictConfig) -> EvalOutput:
+    _set_threads(cfg)
     loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))
     mask: RoutingMask = instantiate(cfg.routing, _convert_="all")
     if mask.is_identity:
@@ -132,7 +139,11 @@ def _write(cfg: DictConfig, out: EvalOutput, heldout) -> Path:
     return path
 
 
-@hydra.main(config_path="../../conf", config_name="eval_mask", version_base="1.3")
+@hydra.main(config_path=CONFIG_DIR, config_name="eval_mask", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     out = run(cfg)
     print(out.path.with_suffix(".md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -21,6 +21,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ..models import load_model
+from . import CONFIG_DIR
 from ..routing import RoutingMask
 from ..search import (
     Baselines,
@@ -50,8 +51,14 @@ class SearchOutput:
     installed: Path | None  # conf/routing/<install>.yaml when `install` was set
 
 
+def _set_threads(cfg: DictConfig) -> None:
+    if cfg.runtime.get("threads"):
+        torch.set_num_threads(int(cfg.runtime.threads))
+
+
 def run(cfg: DictConfig) -> SearchOutput:
     begin = time.perf_counter()
+    _set_threads(cfg)
     loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))
     session = open_session(loaded, CalibrationConfig(**OmegaConf.to_container(cfg.calibration, resolve=True)),
                            cfg.cache_dir, cfg.progress)
@@ -122,8 +129,10 @@ def run(cfg: DictConfig) -> SearchOutput:
     report_path = write_report(out_dir, mask, result, baselines, provenance)
     installed = None
     if cfg.install:
-        installed = mask.to_yaml(Path(cfg.routing_dir) / f"{cfg.install}.yaml", header)
-        docs = Path(cfg.docs_dir) / str(cfg.install)
+        routing_dir = Path(cfg.routing_dir) if cfg.routing_dir else Path(CONFIG_DIR) / "routing"
+        docs_dir = Path(cfg.docs_dir) if cfg.docs_dir else Path(CONFIG_DIR).parent / "docs" / "routing"
+        installed = mask.to_yaml(routing_dir / f"{cfg.install}.yaml", header)
+        docs = docs_dir / str(cfg.install)
         docs.mkdir(parents=True, exist_ok=True)
         for file in ("report.md", "best_cost.png", "mask.yaml"):
             shutil.copy(out_dir / file, docs / file)
@@ -163,9 +172,13 @@ def _seed_masks(kinds: list[str], space: MaskSpace, baselines: Baselines, cost: 
     return seeds
 
 
-@hydra.main(config_path="../../conf", config_name="search", version_base="1.3")
+@hydra.main(config_path=CONFIG_DIR, config_name="search", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     logging.getLogger("hyperopt").setLevel(logging.WARNING)  # one INFO line per TPE proposal otherwise
     out = run(cfg)
     print(f"{out.mask.describe()}  kl={out.result.best.metrics.kl:.4f}  top1={out.result.best.metrics.top1:.3f}")
     print(f"mask: {out.installed or out.mask_path}\nreport: {out.report_path}")
+
+
+if __name__ == "__main__":
+    main()

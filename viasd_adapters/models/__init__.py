@@ -4,4 +4,11 @@ from .offline import OFFLINE_MODELS, OfflineSource
 from .spec import LoadedModel, ModelSpec, TinyModelConfig
 from .zoo import load_model
 
-__all__ = ["OFFLINE_MODELS", "LoadedModel", "ModelSpec", "OfflineSource", "TinyModelConfig", "load_model"]
+__all__ = [
+    "OFFLINE_MODELS",
+    "LoadedModel",
+    "ModelSpec",
+    "OfflineSource",
+    "TinyModelConfig",
+    "load_model",
+]

@@ -37,6 +37,13 @@ from transformers import (
 logger = logging.getLogger(__name__)
 
 PROVENANCE_FILE = "provenance.json"
+# Besides the weights and provenance.json, a complete cached folder has these.
+_REQUIRED_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
 CACHE_FORMAT = 1  # bump when the folder layout or the tokenizer fix changes
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types (gguf.TokenType)
 # transformers 4.57.3-4.57.x warns about a Mistral regex bug for every local folder saved by
@@ -328,8 +335,8 @@ def cache_problems(folder: Path, source: OfflineSource) -> list[str]:
     if prov.get("format") != CACHE_FORMAT:
         problems.append(f"cache format {prov.get('format')}, this code writes {CACHE_FORMAT}")
     if prov.get("packages") != {p: source.version for p in source.packages}:
-        problems.append(f"built from {prov.get('packages')}, the zoo now pins {source.pip_command}")
-    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        problems.append(f"built from {prov.get('packages')}; the zoo pins {source.pip_command}")
+    for name in _REQUIRED_FILES:
         if not (folder / name).is_file():
             problems.append(f"{name} is missing")
     shards = sorted(folder.glob("*.safetensors"))

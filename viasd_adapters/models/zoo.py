@@ -6,7 +6,12 @@ import logging
 import time
 from pathlib import Path
 
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from .offline import (
     CACHED_TOKENIZER_KWARGS,
@@ -61,13 +66,17 @@ def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -
     return tuple(dict.fromkeys(ids))  # dedupe, keep order
 
 
-def _from_pretrained(path: str, spec: ModelSpec, tokenizer_kwargs: dict | None = None) -> LoadedModel:
+def _from_pretrained(
+    path: str, spec: ModelSpec, tokenizer_kwargs: dict | None = None
+) -> LoadedModel:
     start = time.perf_counter()
     # The tokenizer first: it fails fast for a bad hub id.
     tokenizer = AutoTokenizer.from_pretrained(path, **(tokenizer_kwargs or {}))
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=spec.torch_dtype, attn_implementation="sdpa"
     )
+    # Loaded in the checkpoint's own dtype (fp32 from the offline cache), the weights stay
+    # memory-mapped copy-on-write: shared page cache, so memory pressure can evict them.
     model = model.to(spec.device).eval()
     logger.info(
         "loaded %s (%s, %s, %.1fM parameters) in %.1f s",

@@ -7,12 +7,12 @@ scored. Generating it is the expensive part, so the token ids are cached on disk
 Which prompts: the benchmark (`viasd-bench`, conf/task/) decodes the *first* prompts of each
 category in file order. Calibration takes prompts from the *end* of each category instead:
 split "calibration" takes the last `per_category` prompts of each category, split "heldout"
-(for `viasd-eval-mask`) the `per_category` before those. With Spec-Bench's question.jsonl that
-is question_id 90, 100, ..., 160, 240, 320, 400, 480 (calibration) and 89, 99, ..., 479
-(held out); with HumanEval, HumanEval/163 (calibration) and HumanEval/162 (held out). A
-benchmark run stays disjoint from them while its per-category limit leaves the last two
-prompts of every category out (limit <= 8 for MT-bench's categories, <= 78 for the others,
-<= 162 for HumanEval).
+(for `viasd-eval-mask`) the `per_category` before those, round-robin over the categories.
+With the default config (per_category 2; 6 Spec-Bench prompts over coding, translation,
+summarization, qa, math_reasoning, writing; 2 HumanEval) that is question_id 130, 240, 320, 400,
+480, 90 and HumanEval/163, /162 (calibration) and 128, 238, 318, 398, 478, 88 and
+HumanEval/161, /160 (held out). A benchmark run stays disjoint from both while its
+per-category limit is <= 6 for MT-bench's categories, <= 76 for the others, <= 160 for HumanEval.
 """
 
 from __future__ import annotations
@@ -172,23 +172,38 @@ def build_calibration(loaded: LoadedModel, cfg: CalibrationConfig, cache_dir: st
         logger.info("calibration texts read from %s", path)
         return CalibrationSet(texts, key, description)
 
+    # Texts are saved one by one to a partial file, so an interrupted run keeps what it generated.
+    partial = path.with_suffix(".partial.json") if path is not None else None
+    done: dict[str, CalibrationText] = {}
+    if partial is not None and partial.is_file():
+        done = {t["prompt_id"]: CalibrationText(**t) for t in json.loads(partial.read_text())["texts"]}
     decoder = AutoregressiveDecoder(target=loaded.model)
     texts = []
     for pid, message in tqdm(prompts, desc=f"calibration text ({cfg.split})", disable=not progress):
-        prompt = encode_prompt(loaded, _cut(loaded, message, cfg.max_prompt_tokens), cfg.chat_template)  # [1, T]
-        result = decoder.generate(prompt, cfg.max_new_tokens, SamplingConfig(), loaded.stop_token_ids)
-        if not result.tokens:
-            logger.warning("prompt %s got an empty continuation; skipped", pid)
-            continue
-        texts.append(CalibrationText(pid, prompt[0].tolist() + list(result.tokens), len(result.tokens)))
+        if pid not in done:
+            prompt = encode_prompt(loaded, _cut(loaded, message, cfg.max_prompt_tokens), cfg.chat_template)  # [1, T]
+            result = decoder.generate(prompt, cfg.max_new_tokens, SamplingConfig(), loaded.stop_token_ids)
+            if not result.tokens:
+                logger.warning("prompt %s got an empty continuation; skipped", pid)
+                continue
+            done[pid] = CalibrationText(pid, prompt[0].tolist() + list(result.tokens), len(result.tokens))
+            if partial is not None:
+                _write_json(partial, {"identity": identity, "texts": [asdict(t) for t in done.values()]})
+        texts.append(done[pid])
     if not texts:
         raise ValueError("no calibration text: every continuation was empty")
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"identity": identity, "texts": [asdict(t) for t in texts]}))
-        tmp.rename(path)
+        _write_json(path, {"identity": identity, "texts": [asdict(t) for t in texts]})
+        if partial.is_file():
+            partial.unlink()
     return CalibrationSet(texts, key, description)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.rename(path)
 
 
 def as_tensors(texts: list[CalibrationText], device: torch.device | str) -> list[torch.Tensor]:

@@ -1,0 +1,56 @@
+"""Upgrading an existing eagle-llm deployment to VIA-SD: same target, same draft head, a few lines.
+
+    python examples/upgrade_eagle.py                      # SmolLM2-135M-Instruct and the shipped head
+    python examples/upgrade_eagle.py --routing PATH.yaml  # a routing mask found by viasd-search
+
+Run from the repository root (it imports `third_party.eagle`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for third_party/
+
+from viasd_adapters.models.offline import ensure_cached  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", default=str(ensure_cached("smollm2-135m-instruct")), help="target folder")
+    parser.add_argument("--head", default=str(REPO / "artifacts/eagle/smollm2-135m-instruct"), help="EAGLE head folder")
+    parser.add_argument("--routing", default=None, help="routing mask YAML (default: skip layer 14 of 30)")
+    parser.add_argument("--prompt", default="Explain in two sentences why the sky is blue.")
+    args = parser.parse_args()
+
+    # --- an existing deployment (eagle-llm; our loader also fixes non-Llama targets, see third_party/eagle) ---
+    from third_party.eagle import load_ea_model
+
+    model = load_ea_model(args.base, args.head, dtype=torch.float32)  # or: EaModel.from_pretrained(...).eval()
+    ids = model.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}],
+                                              add_generation_prompt=True, return_tensors="pt")
+    stock = model.eagenerate(ids, temperature=0.0, max_new_tokens=64)
+
+    # --- the upgrade: wrap the same EaModel; eagenerate keeps its signature ---
+    from viasd_adapters.adapters.eagle import TieredEagle
+    from viasd_adapters.routing import RoutingMask
+    from viasd_adapters.verify import ConfidencePolicy
+
+    routing = RoutingMask.from_yaml(args.routing) if args.routing else RoutingMask(skip_layers=(14,))
+    model = TieredEagle(model, routing=routing, policy=ConfidencePolicy(tau_accept=0.9, tau_slim=0.9))
+    tiered = model.eagenerate(ids, temperature=0.0, max_new_tokens=64)
+
+    decode = lambda out: model.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)  # noqa: E731
+    print("stock EAGLE :", decode(stock))
+    print("VIA-SD EAGLE:", decode(tiered))
+    print("forward calls:", {name: c.calls for name, c in model.stats.items()})
+
+
+if __name__ == "__main__":
+    main()

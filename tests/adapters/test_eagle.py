@@ -1,0 +1,358 @@
+"""EAGLE adapter: identity with stock eagle-llm, tiered tree verification, Qwen2 integration, head training."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from tests.conftest import tiny
+
+eagle_utils = pytest.importorskip("eagle.model.utils")
+
+from eagle.model.choices import mc_sim_7b_63  # noqa: E402
+from eagle.model.ea_model import EaModel  # noqa: E402
+
+from third_party.eagle import (  # noqa: E402
+    FULL_WEIGHTS,
+    KVBuffers,
+    TransformersEagleBase,
+    build_head,
+    export_head,
+    head_config,
+    load_ea_model,
+    save_head,
+)
+from viasd_adapters.adapters.eagle import (  # noqa: E402
+    DraftTree,
+    EagleDecoder,
+    TieredEagle,
+    _parents,
+    decide_tree,
+)
+from viasd_adapters.decode import AutoregressiveDecoder  # noqa: E402
+from viasd_adapters.routing import RoutingMask  # noqa: E402
+from viasd_adapters.sampling import SamplingConfig  # noqa: E402
+from viasd_adapters.verify import ConfidencePolicy, Tier  # noqa: E402
+
+PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _quiet_and_single_threaded():
+    level, threads = transformers.logging.get_verbosity(), torch.get_num_threads()
+    transformers.logging.set_verbosity_error()  # eagle-llm's Llama class triggers GenerationMixin warnings
+    torch.set_num_threads(1)  # tiny models: threads only add overhead (and stall on a busy host)
+    yield
+    transformers.logging.set_verbosity(level)
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def tiny_pair(request, tmp_path_factory):
+    """(target folder, compact head folder) of a tiny random target of each architecture."""
+    arch = request.param
+    root = tmp_path_factory.mktemp(f"eagle-{arch}")
+    loaded = tiny(seed=0, architecture=arch)
+    loaded.model.save_pretrained(root / "target")
+    loaded.tokenizer.save_pretrained(root / "target")
+    config = head_config(loaded.model.config, intermediate_size=96)
+    torch.manual_seed(0)
+    save_head(build_head(config), config, root / "head", full=False, compact=True)
+    return arch, root / "target", root / "head"
+
+
+_LOADED: dict = {}
+
+
+def _stock(tiny_pair, backend="transformers") -> EaModel:
+    """The EaModel of a tiny pair (loaded once per module; every generation resets its state)."""
+    arch, target, head = tiny_pair
+    if (target, backend) not in _LOADED:
+        _LOADED[target, backend] = load_ea_model(target, head, backend=backend)
+    return _LOADED[target, backend]
+
+
+def _target(tiny_pair):
+    """The tiny pair's target as transformers loads it (shared with its transformers-backend EaModel)."""
+    return _stock(tiny_pair).base_model.target
+
+
+# ----------------------------------------------------------------------------- identity with stock
+@pytest.mark.parametrize("backend", ["transformers", "eagle"])
+def test_slim_off_is_token_identical_to_stock_eagenerate(tiny_pair, backend):
+    if backend == "eagle" and tiny_pair[0] != "llama":
+        pytest.skip("eagle-llm's own loader handles Llama only")
+    ea = _stock(tiny_pair, backend)
+    stock = ea.eagenerate(PROMPT, max_new_tokens=40)
+    ours = TieredEagle(ea).eagenerate(PROMPT, max_new_tokens=40)
+    assert torch.equal(stock, ours)
+
+
+def test_slim_off_sampling_is_token_identical_to_stock_under_the_same_seeds(tiny_pair):
+    ea = _stock(tiny_pair)
+    torch.manual_seed(7), random.seed(7)
+    stock = ea.eagenerate(PROMPT, temperature=0.8, top_p=0.9, max_new_tokens=30)
+    torch.manual_seed(7), random.seed(7)
+    ours = TieredEagle(ea).eagenerate(PROMPT, temperature=0.8, top_p=0.9, max_new_tokens=30)
+    assert torch.equal(stock, ours)
+
+
+def test_stock_eagle_llama_matches_transformers_backend_on_rope_10000(tiny_pair):
+    if tiny_pair[0] != "llama":
+        pytest.skip("Llama only")
+    # The tiny Llama uses rope_theta 10000, the base eagle-llm hard-codes: both backends agree.
+    a = _stock(tiny_pair, "eagle").eagenerate(PROMPT, max_new_tokens=30)
+    b = _stock(tiny_pair, "transformers").eagenerate(PROMPT, max_new_tokens=30)
+    assert torch.equal(a, b)
+
+
+def test_eagle_tree_decoding_is_lossless_against_autoregressive(tiny_pair):
+    _, target, head = tiny_pair
+    model = _target(tiny_pair)
+    ar = AutoregressiveDecoder(model).generate(PROMPT, 40)
+    eagle = EagleDecoder(target=model, head=head).generate(PROMPT, 40)
+    assert eagle.tokens == ar.tokens
+    stats = eagle.stats
+    assert stats.new_tokens == 40 and stats.drafted == 5 * stats.steps
+    assert set(stats.model_calls) == {"target", "eagle_head"}
+    assert stats.tier_counts.keys() == {"full"}
+
+
+# ----------------------------------------------------------------------------- tiered, on tree paths
+@pytest.mark.parametrize("tau", [0.0, 0.3])
+def test_tiered_with_a_perfect_slim_verifier_stays_lossless(tiny_pair, tau):
+    """u = the target itself: tier 1 keeps only q's argmax, tier 2 writes q's argmax."""
+    ea = _stock(tiny_pair)
+    stock = ea.eagenerate(PROMPT, max_new_tokens=40)
+    tiered = TieredEagle(ea, routing=RoutingMask.none(), policy=ConfidencePolicy(tau, 0.0, tau), max_unverified=8)
+    ours = tiered.eagenerate(PROMPT, max_new_tokens=40)
+    n = min(stock.shape[1], ours.shape[1])
+    assert torch.equal(stock[:, :n], ours[:, :n])
+
+
+def test_tiered_decoder_counts_tiers_and_calls(tiny_pair):
+    _, target, head = tiny_pair
+    model = _target(tiny_pair)
+    ar = AutoregressiveDecoder(model).generate(PROMPT, 40)
+    decoder = EagleDecoder(target=model, head=head, routing=RoutingMask.none(),
+                           policy=ConfidencePolicy(0.0, 0.0, 0.0), max_unverified=8)
+    result = decoder.generate(PROMPT, 40)
+    assert result.tokens == ar.tokens
+    counts = result.stats.tier_counts
+    assert counts["slim"] > 0 and counts["full"] > 0  # the drift cap forces the full model now and then
+    calls = result.stats.model_calls
+    assert calls["slim"].calls > 0 and calls["target"].calls >= 2  # the prefill, then escalations
+
+
+def test_tiered_with_a_routed_slim_verifier_runs_and_stops(tiny_pair):
+    _, target, head = tiny_pair
+    model = _target(tiny_pair)
+    decoder = EagleDecoder(target=model, head=head, routing=RoutingMask(skip_layers=(2,)),
+                           policy=ConfidencePolicy(0.2, 0.0, 0.2))
+    result = decoder.generate(PROMPT, 30, stop_token_ids=())
+    assert result.stats.new_tokens == 30 == len(result.tokens)
+    assert sum(result.stats.tier_counts.values()) > 0
+
+
+def test_decoder_sampling_is_reproducible_and_leaves_global_rng_alone(tiny_pair):
+    _, target, head = tiny_pair
+    model = _target(tiny_pair)
+    decoder = EagleDecoder(target=model, head=head, routing=RoutingMask.none(), policy=ConfidencePolicy(0.5, 0, 0.5))
+    before = torch.get_rng_state(), random.getstate()
+    a = decoder.generate(PROMPT, 20, SamplingConfig(temperature=0.8, seed=3))
+    b = decoder.generate(PROMPT, 20, SamplingConfig(temperature=0.8, seed=3))
+    assert a.tokens == b.tokens
+    assert torch.equal(torch.get_rng_state(), before[0]) and random.getstate() == before[1]
+
+
+def test_stop_token_ends_the_generation(tiny_pair):
+    _, target, head = tiny_pair
+    model = _target(tiny_pair)
+    decoder = EagleDecoder(target=model, head=head)
+    full = decoder.generate(PROMPT, 20).tokens
+    stop = full[5]
+    cut = decoder.generate(PROMPT, 20, stop_token_ids=(stop,)).tokens
+    assert cut == full[: full.index(stop) + 1]
+
+
+# ----------------------------------------------------------------------------- decide_tree, by hand
+def _tree(tokens_per_node: list[int]) -> DraftTree:
+    buffers = eagle_utils.generate_tree_buffers(mc_sim_7b_63, device="cpu")
+    paths = buffers["retrieve_indices"]
+    nodes = torch.tensor(tokens_per_node)
+    ext = torch.cat([nodes, nodes.new_tensor([-1])])
+    return DraftTree(nodes, paths, ext[paths], _parents(paths, nodes.numel()))
+
+
+def _u(tree: DraftTree, favourite: dict[int, tuple[int, float]], V: int = 50) -> torch.Tensor:
+    """[N, V]: at node n, token favourite[n][0] gets probability favourite[n][1], the rest is uniform."""
+    u = torch.full((tree.nodes.numel(), V), 1.0 / V)
+    for n, (token, prob) in favourite.items():
+        u[n] = (1 - prob) / (V - 1)
+        u[n, token] = prob
+    return u
+
+
+NODES = list(range(10, 36))  # node n drafts token 10 + n (all distinct)
+
+
+def test_decide_tree_accepts_the_longest_agreeing_path():
+    tree = _tree(NODES)
+    # the deepest path is 0 -> 1 -> 5 -> 13 -> 21 -> 24: u at each parent favours that child
+    u = _u(tree, {0: (11, 0.99), 1: (15, 0.99), 5: (23, 0.99), 13: (31, 0.99), 21: (34, 0.99)})
+    decision = decide_tree(ConfidencePolicy(0.9, 0.0, 0.9), tree, u)
+    assert decision.tier == Tier.ACCEPT and decision.num_accepted == 5
+    assert tree.paths[decision.path, 1:].tolist() == [1, 5, 13, 21, 24]
+
+
+def test_decide_tree_slim_rewrite_after_the_accepted_prefix():
+    tree = _tree(NODES)
+    u = _u(tree, {0: (12, 0.99), 2: (49, 0.95)})  # node 2 accepted; then u wants a token no child drafts
+    decision = decide_tree(ConfidencePolicy(0.9, 0.0, 0.9), tree, u)
+    assert decision.tier == Tier.SLIM and decision.num_accepted == 1
+    assert int(tree.paths[decision.path, 1]) == 2
+
+
+def test_decide_tree_escalates_an_uncertain_first_token():
+    tree = _tree(NODES)
+    decision = decide_tree(ConfidencePolicy(0.9, 0.0, 0.9), tree, _u(tree, {0: (11, 0.5)}))
+    assert decision.tier == Tier.ESCALATE and decision.num_accepted == 0
+
+
+# ----------------------------------------------------------------------------- integration pieces
+def test_policy_without_routing_is_refused(tiny_pair):
+    with pytest.raises(ValueError, match="routing"):
+        TieredEagle(_stock(tiny_pair), policy=ConfidencePolicy())
+
+
+def test_eagle_backend_refuses_non_llama_targets(tiny_pair):
+    arch, target, head = tiny_pair
+    if arch == "llama":
+        pytest.skip("Llama loads")
+    with pytest.raises(ValueError, match="Mixtral"):
+        load_ea_model(target, head, backend="eagle")
+
+
+def test_compact_head_shares_the_target_embeddings_and_exports_to_eagle_format(tiny_pair, tmp_path):
+    _, target, head = tiny_pair
+    ea = _stock(tiny_pair)
+    assert ea.ea_layer.embed_tokens.weight is ea.base_model.model.embed_tokens.weight
+    out = export_head(head, ea.base_model.model.embed_tokens.weight, tmp_path / "eagle-format")
+    assert (out / FULL_WEIGHTS).is_file()
+    # the exported folder is what eagle-llm's own loader reads (strictly)
+    if tiny_pair[0] == "llama":
+        stock = EaModel.from_pretrained(base_model_path=str(target), ea_model_path=str(out)).eval()
+        assert torch.equal(stock.eagenerate(PROMPT, max_new_tokens=20), ea.eagenerate(PROMPT, max_new_tokens=20))
+
+
+def test_kv_buffers_keep_moves_the_accepted_path():
+    config = transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                      hidden_size=8, intermediate_size=8)
+    kv = KVBuffers(config, [0, 1], max_length=16, dtype=torch.float32, device="cpu")
+    for k in range(2):
+        kv.caches[0][k].cat(torch.arange(10.0).reshape(1, 1, 10, 1).expand(1, 1, 10, 4))
+        kv.caches[1][k].cat(torch.arange(10.0).reshape(1, 1, 10, 1).expand(1, 1, 10, 4))
+    kv.keep(4, torch.tensor([4, 7, 9]))
+    assert kv.length == 7
+    assert kv.caches[1][0].data[0, 0, 4:7, 0].tolist() == [4.0, 7.0, 9.0]
+
+
+def test_transformers_base_features_match_the_model(tiny_pair):
+    model = _target(tiny_pair)
+    base = TransformersEagleBase(model)
+    with torch.no_grad():
+        ours = base.lm_head(base.model(input_ids=PROMPT)[0])
+        theirs = model(PROMPT).logits
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- head training
+def test_head_training_runs_a_few_steps_and_resumes(tmp_path):
+    from omegaconf import OmegaConf
+
+    from viasd_adapters.cli.train_eagle import run
+
+    def cfg(steps):
+        base = OmegaConf.load(REPO / "conf" / "train_eagle.yaml")
+        base.pop("defaults")
+        base.pop("hydra")
+        base.model_pair = OmegaConf.load(REPO / "conf" / "model_pair" / "tiny-random.yaml")
+        base.runtime.draft_dtype = "float32"
+        base.out_dir = str(tmp_path / "head")
+        base.progress = False
+        t = base.training
+        t.split.prompts = ["hello world", "the cat sat on", "def foo", "once upon a time", "1 2 3"]
+        t.data.max_new_tokens = 16
+        t.head.intermediate_size = 32
+        t.train.steps = steps
+        t.train.batch_tokens = 24
+        t.train.save_every = 2
+        t.train.eval_every = 2
+        return base
+
+    first = run(cfg(2))
+    assert first.steps == 2 and (tmp_path / "head" / "checkpoint.pt").is_file()
+    generated = (tmp_path / "head" / "generations.jsonl").read_text()
+    second = run(cfg(4))
+    assert second.steps == 4
+    assert (tmp_path / "head" / "generations.jsonl").read_text() == generated  # not generated again
+    state = torch.load(tmp_path / "head" / "checkpoint.pt", weights_only=False)
+    assert [h["step"] for h in state["history"]] == [1, 2, 3, 4]
+    # the result is an eagle-llm head folder
+    assert (tmp_path / "head" / "config.json").is_file() and (tmp_path / "head" / FULL_WEIGHTS).is_file()
+
+
+# ----------------------------------------------------------------------------- real models
+def _smollm2():
+    from viasd_adapters.models.offline import cache_dir
+
+    folder = cache_dir("smollm2-135m-instruct")
+    head = REPO / "artifacts" / "eagle" / "smollm2-135m-instruct"
+    if not (folder / "config.json").is_file() or not (head / "config.json").is_file():
+        pytest.skip("SmolLM2-135M-Instruct is not converted yet, or its EAGLE head is not in artifacts/eagle")
+    return folder, head
+
+
+def test_smollm2_slim_off_matches_stock_eagenerate_and_tiers_run():
+    folder, head = _smollm2()
+    ea = load_ea_model(folder, head, dtype=torch.float32)
+    tok = ea.tokenizer
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                  add_generation_prompt=True, return_tensors="pt")
+    stock = ea.eagenerate(ids, max_new_tokens=24)
+    assert torch.equal(TieredEagle(ea).eagenerate(ids, max_new_tokens=24), stock)
+    perfect = TieredEagle(ea, routing=RoutingMask.none(), policy=ConfidencePolicy(0.5, 0.0, 0.5))
+    out = perfect.eagenerate(ids, max_new_tokens=24)
+    n = min(out.shape[1], stock.shape[1])
+    assert torch.equal(out[:, :n], stock[:, :n])
+
+
+@pytest.mark.slow
+def test_smollm2_stock_loader_slim_off_identity_and_routed_tiers():
+    folder, head = _smollm2()
+    ea = load_ea_model(folder, head, backend="eagle", dtype=torch.float32)
+    ids = ea.tokenizer.apply_chat_template([{"role": "user", "content": "Write a haiku about the sea."}],
+                                           add_generation_prompt=True, return_tensors="pt")
+    stock = ea.eagenerate(ids, max_new_tokens=48)
+    assert torch.equal(TieredEagle(ea).eagenerate(ids, max_new_tokens=48), stock)
+    tiered = TieredEagle(ea, routing=RoutingMask(skip_layers=(14,)), policy=ConfidencePolicy(0.9, 0.0, 0.9))
+    assert tiered.eagenerate(ids, max_new_tokens=48).shape[1] > ids.shape[1]
+
+
+@pytest.mark.slow
+def test_qwen2_eagle_tree_decoding_matches_autoregressive():
+    from viasd_adapters.models import ModelSpec, load_model
+
+    loaded = load_model(ModelSpec("qwen2.5-coder-1.5b-instruct", dtype="float32"))
+    head = REPO / "artifacts" / "eagle" / "qwen2.5-coder-1.5b-instruct"
+    if not (head / "config.json").is_file():
+        pytest.skip("no Qwen2.5-Coder-1.5B head in artifacts/eagle")
+    ids = loaded.tokenizer("def fibonacci(n):", return_tensors="pt").input_ids
+    ar = AutoregressiveDecoder(loaded.model).generate(ids, 16)
+    eagle = EagleDecoder(target=loaded.model, head=head).generate(ids, 16)
+    assert eagle.tokens == ar.tokens

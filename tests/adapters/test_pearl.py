@@ -1,0 +1,344 @@
+"""PEARL: the engine's schedule on a toy drafter/target, worker shutdown, and the Decoder adapter
+on tiny random models (greedy identity with AR, lossless sampling, VIA-SD's tiers inside)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from pearl_engine import DraftWorkerError, PearlConfig, PearlEngine
+from pearl_engine.testing import ToyJudge, ToyProposer, toy_reference
+from tests.conftest import perturbed, tiny
+from tests.decode.test_loops import PROMPT
+from viasd_adapters.adapters.pearl import PearlDecoder
+from viasd_adapters.decode import AutoregressiveDecoder
+from viasd_adapters.draft import ModelDrafter
+from viasd_adapters.pipeline import build_decoder, load_pair
+from viasd_adapters.sampling import SamplingConfig
+from viasd_adapters.verify import ConfidencePolicy, LosslessVerifier, TieredVerifier
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY_PROMPT = torch.tensor([[3, 5, 7]])
+SAMPLED = SamplingConfig(temperature=1.0, seed=11)
+
+
+def toy_run(engine: PearlEngine, judge: ToyJudge, n: int, prompt=TOY_PROMPT):
+    """Generate n toy tokens; returns (tokens, rounds)."""
+    tokens, rounds = [], []
+    with engine.session(prompt, judge) as session:
+        while len(tokens) < n:
+            round_ = session.step(n - len(tokens))
+            tokens += round_.tokens.tolist()
+            rounds.append(round_)
+    return tokens, rounds
+
+
+def gone(pid: int, within_s: float = 10.0) -> bool:
+    """Whether process `pid` exits (or is a zombie nobody reaps) within `within_s` seconds."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# ---------------------------------------------------------------- the schedule (toy models)
+
+
+@pytest.mark.parametrize("window", [1, 2, 3, 6])
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_toy_greedy_output_equals_the_target_alone(backend, window):
+    with PearlEngine(ToyProposer(error_every=4), PearlConfig(window, backend, target_threads=None)) as engine:
+        judge = ToyJudge()
+        tokens, rounds = toy_run(engine, judge, 50)
+    assert tokens == toy_reference(TOY_PROMPT, 50, 50)
+    assert max(judge.blocks) <= window  # a judged block is at most one window
+    if window > 1:
+        assert {r.mode for r in rounds} == {"pre", "post"}
+
+
+def test_first_draft_always_wrong_means_one_token_per_round():
+    with PearlEngine(ToyProposer(error_every=1), PearlConfig(4, "thread")) as engine:
+        judge = ToyJudge()
+        tokens, rounds = toy_run(engine, judge, 20)
+    assert tokens == toy_reference(TOY_PROMPT, 20, 50)
+    assert all(r.mode == "pre" and len(r.tokens) == 1 for r in rounds)
+    assert set(judge.blocks) == {0}  # the target never judged a doomed block
+    assert sum(r.num_drafted for r in rounds) == 20 and sum(r.num_accepted for r in rounds) == 0
+
+
+def test_right_drafts_chain_windows_in_post_verify():
+    window = 4
+    with PearlEngine(ToyProposer(error_every=0), PearlConfig(window, "thread")) as engine:
+        judge = ToyJudge()
+        tokens, rounds = toy_run(engine, judge, 41)
+    assert tokens == toy_reference(TOY_PROMPT, 41, 50)
+    assert rounds[0].mode == "pre" and len(rounds[0].tokens) == 1
+    # every later round judges gamma - 1 waiting drafts and matches the bonus with the next draft
+    assert all(r.mode == "post" and len(r.tokens) == window for r in rounds[1:])
+    assert sum(r.num_accepted for r in rounds) == sum(r.num_drafted for r in rounds)
+
+
+def test_a_rejected_first_draft_cancels_the_rest_of_the_window():
+    """Drafting stops at once when pre-verify rejects: no waiting for gamma slow drafts."""
+    sleep, window, n = 0.1, 10, 8
+    with PearlEngine(ToyProposer(error_every=1, sleep_s=sleep), PearlConfig(window, "thread")) as engine:
+        toy_run(engine, ToyJudge(), 1)  # start the worker outside the timing
+        begin = time.perf_counter()
+        tokens, _ = toy_run(engine, ToyJudge(), n)
+        elapsed = time.perf_counter() - begin
+    assert tokens == toy_reference(TOY_PROMPT, n, 50)
+    assert elapsed < 0.5 * n * window * sleep  # a barrier would take n * window * sleep = 8 s
+
+
+def test_budget_limits_the_judged_block():
+    with PearlEngine(ToyProposer(error_every=0), PearlConfig(5, "thread")) as engine:
+        judge = ToyJudge()
+        with engine.session(TOY_PROMPT, judge) as session:
+            first = session.step(10)
+            second = session.step(2)  # 4 drafts wait, but only 2 tokens may be committed
+    assert len(first.tokens) == 1 and first.num_waiting == 4
+    assert len(second.tokens) == 2 and judge.blocks == [0, 1]
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="window_size"):
+        PearlConfig(window_size=0)
+    with pytest.raises(ValueError, match="backend"):
+        PearlConfig(backend="gpu")
+    with pytest.raises(ValueError, match="draft_threads"):
+        PearlConfig(draft_threads=0)
+
+
+# ---------------------------------------------------------------- shutdown
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_drafter_exception_surfaces_in_the_caller_and_the_worker_exits(backend):
+    engine = PearlEngine(ToyProposer(fail_after=5), PearlConfig(3, backend))
+    with pytest.raises(DraftWorkerError, match="ValueError.*toy drafter failure") as info:
+        toy_run(engine, ToyJudge(), 30)
+    assert engine.worker is None
+    if backend == "process":  # the toy's message names the worker's pid
+        pid = int(str(info.value).rsplit("process ", 1)[1].split()[0])
+        assert pid != os.getpid() and gone(pid)
+    engine.close()  # idempotent
+
+
+def test_interrupt_in_the_target_stops_the_worker_and_the_engine_recovers():
+    engine = PearlEngine(ToyProposer(), PearlConfig(3, "process"))
+    with pytest.raises(KeyboardInterrupt):
+        toy_run(engine, ToyJudge(interrupt_on_call=3), 30)
+    assert engine.worker is None
+    pids = {p.pid for p in psutil.Process().children(recursive=True)}
+    tokens, _ = toy_run(engine, ToyJudge(), 30)  # a new worker
+    assert tokens == toy_reference(TOY_PROMPT, 30, 50)
+    pid = engine.worker.pid
+    assert pid not in pids
+    engine.close()
+    assert gone(pid)
+
+
+def test_a_killed_worker_is_reported_not_waited_for():
+    engine = PearlEngine(ToyProposer(sleep_s=0.02), PearlConfig(3, "process"))
+    begin = None
+    with pytest.raises(DraftWorkerError, match="died"):
+        with engine.session(TOY_PROMPT, ToyJudge()) as session:
+            session.step(100)
+            os.kill(engine.worker.pid, signal.SIGKILL)
+            begin = time.monotonic()
+            for _ in range(100):
+                session.step(100)
+    assert time.monotonic() - begin < 10
+    assert engine.worker is None
+
+
+def test_a_hung_worker_times_out():
+    engine = PearlEngine(ToyProposer(hang_after=4), PearlConfig(3, "process", timeout_s=2))
+    with pytest.raises(DraftWorkerError, match="sent nothing for 2 s"):
+        with engine.session(TOY_PROMPT, ToyJudge()) as session:
+            pid = engine.worker.pid
+            for _ in range(100):
+                session.step(100)
+    assert gone(pid)
+
+
+_ORPHAN_SCRIPT = textwrap.dedent(
+    """
+    import sys, time, torch
+    from pearl_engine import PearlConfig, PearlEngine
+    from pearl_engine.testing import ToyJudge, ToyProposer
+
+    if __name__ == "__main__":
+        engine = PearlEngine(ToyProposer(sleep_s=0.01), PearlConfig(3, "process"))
+        with engine.session(torch.tensor([[1, 2]]), ToyJudge(sleep_s=0.01)) as session:
+            session.step(5)
+            print(engine.worker.pid, flush=True)
+            while True:
+                session.step(5)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["sigkill", "sigint"])
+def test_no_orphan_when_the_parent_dies_or_is_interrupted(tmp_path, how):
+    script = tmp_path / "parent.py"
+    script.write_text(_ORPHAN_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    parent = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
+    )
+    try:
+        pid = int(parent.stdout.readline())
+        if how == "sigkill":
+            parent.kill()
+        else:  # Ctrl-C: SIGINT to the whole process group
+            os.killpg(parent.pid, signal.SIGINT)
+        parent.wait(30)
+        assert gone(pid), f"draft worker {pid} outlived its parent ({how})"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+# ---------------------------------------------------------------- the adapter (tiny models)
+
+
+@pytest.fixture(scope="module")
+def process_pearl(tiny_target, tiny_draft):
+    """One process-backend decoder for the module (a draft process takes seconds to start)."""
+    decoder = PearlDecoder(ModelDrafter(tiny_draft), LosslessVerifier(tiny_target.model), window_size=3)
+    yield decoder
+    decoder.close()
+
+
+def pearl(draft, verifier, window=3, backend="thread"):
+    return PearlDecoder(ModelDrafter(draft), verifier, window_size=window, backend=backend)
+
+
+@pytest.mark.parametrize("window", [2, 3, 5])
+def test_greedy_pearl_equals_greedy_ar_fp32(tiny_target, tiny_draft, window):
+    ar = AutoregressiveDecoder(tiny_target.model).generate(PROMPT, 80)
+    decoder = pearl(tiny_draft, LosslessVerifier(tiny_target.model), window)
+    out = decoder.generate(PROMPT, 80)
+    again = decoder.generate(PROMPT, 80)  # the worker is reused
+    decoder.close()
+    assert out.tokens == ar.tokens == again.tokens
+    assert 0 < out.stats.acceptance_rate < 1
+    assert out.stats.model_calls["target"].calls < len(ar.tokens)
+    assert {"draft", "target"} == set(out.stats.model_calls)
+    assert out.stats.new_tokens == 80 and out.stats.steps == out.stats.model_calls["target"].calls
+    assert out.stats.accepted < sum(out.stats.tier_counts.values()) <= out.stats.drafted
+
+
+def test_process_backend_equals_ar_and_thread_backend(tiny_target, tiny_draft, process_pearl):
+    ar = AutoregressiveDecoder(tiny_target.model).generate(PROMPT, 60)
+    assert process_pearl.generate(PROMPT, 60).tokens == ar.tokens
+    # sampled: draws are seeded by position, so the schedule of the two workers does not matter
+    threaded = pearl(tiny_draft, LosslessVerifier(tiny_target.model)).generate(PROMPT, 60, SAMPLED)
+    assert process_pearl.generate(PROMPT, 60, SAMPLED).tokens == threaded.tokens
+
+
+def test_seeded_sampling_is_reproducible(tiny_target, tiny_draft):
+    decoder = pearl(tiny_draft, LosslessVerifier(tiny_target.model))
+    run = lambda seed: decoder.generate(PROMPT, 40, SamplingConfig(temperature=1.0, seed=seed)).tokens
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+    decoder.close()
+
+
+def test_stop_token_and_budget_end_the_generation(tiny_target, tiny_draft, process_pearl):
+    ar = AutoregressiveDecoder(tiny_target.model).generate(PROMPT, 30)
+    stop = ar.tokens[7]
+    first = ar.tokens.index(stop)
+    out = process_pearl.generate(PROMPT, 30, stop_token_ids=(stop,))
+    assert out.tokens == ar.tokens[: first + 1]
+    for n in (1, 2, 9):
+        assert process_pearl.generate(PROMPT, n).tokens == ar.tokens[:n]
+
+
+def test_pearl_sampling_reproduces_the_target_distribution():
+    """Statistical: the marginals of the 2nd and 3rd sampled tokens under PEARL equal the target's."""
+    target = tiny(seed=0, num_layers=2, init_std=0.5).model
+    draft = perturbed(target, scale=0.1, seed=5)
+    N = 1500
+    with torch.no_grad():
+        q1 = torch.softmax(target(PROMPT).logits[0, -1], -1)  # [V]
+        V = q1.numel()
+        one = torch.cat([PROMPT.expand(V, -1), torch.arange(V)[:, None]], dim=1)  # [V, T + 1]
+        q2 = torch.softmax(target(one).logits[:, -1], -1)  # [V, V]
+        two = torch.cat([one.repeat_interleave(V, 0), torch.arange(V).repeat(V)[:, None]], dim=1)
+        q3 = torch.cat([torch.softmax(target(b).logits[:, -1], -1) for b in two.split(4096)])  # [V * V, V]
+        p1 = torch.softmax(draft(PROMPT).logits[0, -1], -1)
+    exact2 = q1 @ q2  # [V]
+    exact3 = (q1[:, None] * q2).reshape(-1) @ q3  # [V]
+    decoder = pearl(draft, LosslessVerifier(target), window=2)
+    counts2, counts3 = torch.zeros(V), torch.zeros(V)
+    judged = 0
+    for seed in range(N):
+        out = decoder.generate(PROMPT, 3, SamplingConfig(temperature=1.0, seed=seed))
+        counts2[out.tokens[1]] += 1
+        counts3[out.tokens[2]] += 1
+        judged += out.stats.accepted > 0  # drafts went through the verifier and were kept
+    decoder.close()
+    assert exact2.max() > 0.05 and (p1 - q1).abs().max() > 0.1  # the check has teeth
+    assert judged > N // 4  # accepted drafts (pre-verify and post-verify) were exercised
+    # 4.5 standard errors of a frequency at N = 1500 is at most 0.058
+    assert (counts2 / N - exact2).abs().max() < 0.058
+    assert (counts3 / N - exact3).abs().max() < 0.058
+
+
+# ---------------------------------------------------------------- VIA-SD inside PEARL
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SAMPLED], ids=["greedy", "sampled"])
+def test_slim_tier_off_equals_plain_pearl(tiny_target, tiny_draft, sampling):
+    plain = pearl(tiny_draft, LosslessVerifier(tiny_target.model)).generate(PROMPT, 60, sampling)
+    off = pearl(tiny_draft, TieredVerifier(tiny_target.model)).generate(PROMPT, 60, sampling)
+    assert off.tokens == plain.tokens
+    for field in ("steps", "drafted", "accepted", "tier_counts"):
+        assert getattr(off.stats, field) == getattr(plain.stats, field)
+
+
+def test_tiered_pearl_uses_the_slim_tier(tiny_target, tiny_draft):
+    slim = perturbed(tiny_target.model, scale=0.01, seed=9)
+    policy = ConfidencePolicy(tau_accept=0.3, tau_slim=0.3)
+    tiered = pearl(tiny_draft, TieredVerifier(tiny_target.model, slim, policy)).generate(PROMPT, 60)
+    plain = pearl(tiny_draft, LosslessVerifier(tiny_target.model)).generate(PROMPT, 60)
+    assert len(tiered.tokens) == 60
+    assert {"accept", "full"} <= set(tiered.stats.tier_counts)
+    assert {"draft", "target", "slim"} == set(tiered.stats.model_calls)
+    assert tiered.stats.model_calls["target"].calls < plain.stats.model_calls["target"].calls
+
+
+# ---------------------------------------------------------------- Hydra
+
+
+def test_framework_pearl_composes_with_a_pair_and_equals_ar():
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(
+            config_name="generate",
+            overrides=["model_pair=tiny-random", "framework=pearl", "verifier=full", "framework.decoder.backend=thread"],
+        )
+        ar_cfg = compose(config_name="generate", overrides=["model_pair=tiny-random", "framework=ar"])
+    pair = load_pair(cfg.model_pair)
+    decoder = build_decoder(cfg.framework, cfg.verifier, pair)
+    assert isinstance(decoder, PearlDecoder) and decoder.config.window_size == cfg.framework.decoder.window_size
+    ar = build_decoder(ar_cfg.framework, ar_cfg.verifier, pair)
+    ids = torch.tensor([[10, 20, 30, 40]])
+    assert decoder.generate(ids, 40).tokens == ar.generate(ids, 40).tokens
+    decoder.close()

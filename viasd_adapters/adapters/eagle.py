@@ -1,0 +1,514 @@
+"""VIA-SD for EAGLE: eagle-llm 1.2.1's draft tree, verified tier by tier.
+
+An existing eagle-llm deployment keeps its `EaModel` (target + draft head) and wraps it:
+
+    model = EaModel.from_pretrained(base_model_path=..., ea_model_path=...)   # as before
+    model = TieredEagle(model, routing=mask, policy=ConfidencePolicy())       # the upgrade
+    output_ids = model.eagenerate(input_ids, temperature=0.0, max_new_tokens=256)
+
+Each round (eagle-llm's `tree_decoding -> evaluate_posterior -> update_inference_inputs`, with
+VIA-SD's tiers in between):
+
+1. draft: the head's tree of N nodes (eagle-llm's `generate_candidates`); node 0 is the root, the
+   token after the committed sequence; the P root-to-leaf paths have at most D drafts;
+2. slim verify: the slim verifier u (the target's own layers, some skipped by the routing mask)
+   runs once over [its lagging tokens + the tree] with the same tree mask and its own KV buffers;
+   the tier policy judges every tree node from u at its parent; `decide_tree` follows the path
+   with the longest tier-1 prefix and
+   - ACCEPT: the whole path is kept without the full model (u's next token too, when confident);
+   - SLIM: the accepted prefix is kept and u's token replaces the next draft; the round ends;
+3. escalate: otherwise the full target runs over [its lagging tokens + the tree] and eagle-llm's
+   own `evaluate_posterior` judges the tree (greedy match or EAGLE's tree rejection sampling);
+4. commit: the KV buffers of the views that saw the tree keep the committed path (eagle-llm's
+   compaction); the head reads the committed tokens' features (the slim's for tiers 1-2, replaced
+   by the full model's once it catches up) and grows the next tree.
+
+With `policy=None` steps 2 and the lag never occur and each round is exactly stock `eagenerate`'s:
+the output is token-identical to it (greedy, and sampling under the same global seeds).
+
+Terms: N tree nodes, P paths, D = max drafts on a path (`mc_sim_7b_63`: N 26, P 15, D 5), V vocab.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from ..decode import Decoder, DecodeStats, GenerationResult
+from ..routing import RoutingMask
+from ..runner import CallStats
+from ..sampling import Sampler, SamplingConfig
+from ..verify.policy import Tier, TierPolicy
+
+try:
+    from eagle.model import choices as eagle_choices
+    from eagle.model.ea_model import EaModel
+    from eagle.model.utils import (
+        evaluate_posterior,
+        generate_candidates,
+        generate_tree_buffers,
+        initialize_tree,
+        prepare_logits_processor,
+        reset_tree_mode,
+        update_inference_inputs,
+    )
+
+    from third_party.eagle import (
+        KVBuffers,
+        ea_model_from_target,
+        extend_head,
+        head_length,
+        is_head_folder,
+        layers_for,
+        rewind_head,
+    )
+except ImportError as err:  # pragma: no cover - environment problem
+    raise ImportError(
+        f"the EAGLE adapter needs eagle-llm 1.2.1 and the repository's third_party/eagle ({err}). Install"
+        " eagle-llm with `pip install --no-deps eagle-llm==1.2.1` and run from the repository root (or"
+        " install the repository so that `third_party` is importable)"
+    ) from err
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+# ----------------------------------------------------------------------------- tree and decisions
+@dataclass
+class DraftTree:
+    """One round's draft tree, laid out as eagle-llm's `generate_candidates` returns it."""
+
+    nodes: torch.Tensor  # [N] long: node 0 is the root, then the head's drafts
+    paths: torch.Tensor  # [P, D + 1] long: node index at each depth of each root-to-leaf path; -1 pads
+    candidates: torch.Tensor  # [P, D + 1] long: the tokens along each path; -1 pads
+    parents: torch.Tensor  # [N] long: each node's parent node (-1 for the root)
+
+    @property
+    def depth(self) -> int:
+        """D: the most drafts one path holds."""
+        return self.paths.shape[1] - 1
+
+    def path_length(self, j: int) -> int:
+        """Drafts on path j."""
+        return int((self.paths[j] >= 0).sum()) - 1
+
+
+@dataclass
+class TreeDecision:
+    """What the slim tier decides for one tree (`decide_tree`)."""
+
+    tier: Tier  # ACCEPT: a whole path; SLIM: u's token after the accepted prefix; ESCALATE: the full model judges
+    path: int  # the row of `DraftTree.paths` the decision follows
+    num_accepted: int  # leading drafts of that path tier 1 accepts
+
+
+def _parents(paths: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """[N] long parent of each node of a tree given by its root-to-leaf `paths` ([P, D + 1], -1 pads)."""
+    parent = [-1] * num_nodes
+    for path in paths.tolist():
+        for prev, node in zip(path, path[1:]):
+            if node < 0:
+                break
+            parent[node] = prev
+    return torch.tensor(parent, dtype=torch.long, device=paths.device)
+
+
+def node_tiers(policy: TierPolicy, tree: DraftTree, u: torch.Tensor) -> torch.Tensor:
+    """Tiers of the N - 1 draft nodes ([N - 1] long, node 1..N-1), each judged from u at its parent.
+
+    Args:
+        u: [N, V] slim distributions at the tree nodes (row n scores the token after node n).
+    """
+    parents = tree.parents
+    drafts = tree.nodes[1:]  # [N - 1]
+    V = u.shape[-1]
+    p = torch.zeros(drafts.numel(), V, device=u.device).scatter_(1, drafts[:, None], 1.0)  # one-hot: the head is not a sampler of p here
+    return policy.assign(drafts, p, u[parents[1:]])
+
+
+def decide_tree(policy: TierPolicy, tree: DraftTree, u: torch.Tensor) -> TreeDecision:
+    """Tier decision of one tree from the slim distributions u ([N, V]) at its nodes.
+
+    Every path is a block for the policy; the path with the longest tier-1 (ACCEPT) prefix is
+    followed (the first such path on ties) and its first non-ACCEPT draft decides the round.
+    """
+    tiers = node_tiers(policy, tree, u)  # [N - 1], node n at index n - 1
+    best, best_accepted, best_length = 0, -1, 0
+    for j in range(tree.paths.shape[0]):
+        length = tree.path_length(j)
+        path_tiers = tiers[tree.paths[j, 1 : length + 1] - 1]  # [length]
+        rejected = (path_tiers != int(Tier.ACCEPT)).nonzero()
+        accepted = int(rejected[0]) if rejected.numel() else length
+        if accepted > best_accepted:
+            best, best_accepted, best_length = j, accepted, length
+    if best_accepted == best_length:
+        return TreeDecision(Tier.ACCEPT, best, best_accepted)
+    next_tier = Tier(int(tiers[tree.paths[best, best_accepted + 1] - 1]))
+    return TreeDecision(Tier.SLIM if next_tier == Tier.SLIM else Tier.ESCALATE, best, best_accepted)
+
+
+@dataclass
+class RoundResult:
+    """What one round committed (the prefill is round 0: one token, nothing drafted)."""
+
+    tokens: list[int]  # new output tokens: accepted drafts, then the recovered / rewritten / bonus token
+    num_accepted: int  # n: drafts committed unchanged
+    num_drafted: int  # D of the tree (0 for the prefill)
+    tier_counts: dict[str, int] = field(default_factory=dict)  # drafts decided per tier: accept / slim / full
+
+
+@dataclass
+class _Generation:
+    """The state of one generation between rounds."""
+
+    ids: torch.Tensor  # [1, T'] committed sequence (prompt + output), without the root
+    root: torch.Tensor  # [1, 1] the next token: output already, not yet fed to any model
+    head_out: tuple  # eagle-llm's `tree_logits`: the head's tree (tokens, scores, distributions)
+    full: KVBuffers  # the target's keys and values; may lag behind `ids` after tiers 1-2
+    slim: KVBuffers | None  # the slim view's; lags when a round skipped it
+    last: RoundResult | None = None  # what the latest round committed
+
+
+def _tree_from_name(tree) -> list:
+    if isinstance(tree, str):
+        if not hasattr(eagle_choices, tree):
+            raise ValueError(f"eagle-llm has no tree {tree!r}; its trees: mc_sim_7b_63, ...")
+        return getattr(eagle_choices, tree)
+    return [list(c) for c in tree]
+
+
+# ----------------------------------------------------------------------------- the upgrade
+class TieredEagle(nn.Module):
+    """An eagle-llm `EaModel` whose tree verification runs VIA-SD's tiers (a wrapper; nothing copied).
+
+    Args:
+        ea_model: the deployment's `EaModel` (stock `EaModel.from_pretrained`, or
+            `third_party.eagle.load_ea_model` for Qwen2 and other transformers targets).
+        routing: the slim verifier's routing mask (`RoutingMask`, or the path of its YAML);
+            `RoutingMask.none()` makes u the target itself.
+        policy: the tier policy; None switches tiers 1-2 off (stock EAGLE, token for token).
+        max_unverified: most committed tokens the full target may lag behind; beyond it a round
+            goes straight to the full model (the slim pass is skipped).
+    """
+
+    def __init__(self, ea_model: EaModel, routing: RoutingMask | str | Path | None = None,
+                 policy: TierPolicy | None = None, max_unverified: int = 16):
+        super().__init__()
+        if not isinstance(ea_model, EaModel):
+            raise TypeError(f"TieredEagle wraps an eagle-llm EaModel, got {type(ea_model).__name__}")
+        if policy is not None and routing is None:
+            raise ValueError("a tier policy needs a slim verifier: pass routing (RoutingMask.none() for the target itself)")
+        if max_unverified < 0:
+            raise ValueError(f"max_unverified must be >= 0, got {max_unverified}")
+        self.ea = ea_model
+        self.policy = policy
+        self.max_unverified = max_unverified
+        self.routing = None
+        self.layers = None
+        if policy is not None:
+            if isinstance(routing, (str, Path)):
+                routing = RoutingMask.from_yaml(routing)
+            self.layers = layers_for(ea_model.base_model)
+            self.routing = routing.bind(self.layers.num_layers)
+        self.stats: dict[str, CallStats] = {}
+        self._tree_key = None
+        self._tree_buffers = None
+
+    # eagle-llm's public surface, passed through
+    @property
+    def base_model(self):
+        return self.ea.base_model
+
+    @property
+    def ea_layer(self):
+        return self.ea.ea_layer
+
+    @property
+    def tokenizer(self):
+        return self.ea.tokenizer
+
+    def get_tokenizer(self):
+        return self.ea.tokenizer
+
+    @property
+    def config(self):
+        return self.ea.config
+
+    # ------------------------------------------------------------------ stock-compatible API
+    @torch.no_grad()
+    def eagenerate(self, input_ids, temperature=0.0, top_p=0.0, top_k=0.0, max_new_tokens=512, max_length=2048,
+                   tree_choices=eagle_choices.mc_sim_7b_63):
+        """`EaModel.eagenerate`'s signature, stop rules and return value ([1, T + new] ids)."""
+        sampling = None
+        if temperature > 1e-5:
+            sampling = SamplingConfig(temperature=temperature, top_p=top_p if 0 < top_p <= 1 else 1.0,
+                                      top_k=int(top_k))
+        input_len = input_ids.shape[1]
+        eos = self.ea.tokenizer.eos_token_id
+        budget = max(1, min(max_new_tokens + 1, max_length - input_len + 1))
+        ids = input_ids
+        with contextlib.closing(self._generate(input_ids, sampling, budget, tree_choices)) as states:
+            for state in states:
+                ids = state.ids
+                if eos in ids[0, input_len:].tolist() or ids.shape[1] - input_len > max_new_tokens \
+                        or ids.shape[1] > max_length:
+                    break
+        return ids
+
+    # ------------------------------------------------------------------ project API
+    @torch.no_grad()
+    def rounds(self, input_ids: torch.Tensor, sampling: SamplingConfig | None, max_new_tokens: int,
+               tree_choices="mc_sim_7b_63") -> Iterator[RoundResult]:
+        """Round by round results for `input_ids` ([1, T]); the caller stops when it has enough.
+
+        `max_new_tokens` sizes the KV buffers (the rounds themselves never stop). Sampling draws
+        from the global torch and `random` generators, as eagle-llm does (`EagleDecoder` seeds
+        them for the generation and restores them after).
+        """
+        with contextlib.closing(self._generate(input_ids, sampling, max_new_tokens, tree_choices)) as states:
+            for state in states:
+                yield state.last
+
+    # ------------------------------------------------------------------ the loop
+    def _tree_layout(self, tree_choices, device):
+        key = tuple(tuple(c) for c in tree_choices)
+        if key != self._tree_key:
+            buffers = generate_tree_buffers(tree_choices, device=device)
+            buffers["retrieve_indices_head"] = buffers["retrieve_indices"].to(self.ea.base_model.lm_head.weight.device)
+            buffers["parents"] = _parents(buffers["retrieve_indices"], buffers["tree_indices"].numel())
+            self._tree_key, self._tree_buffers = key, buffers
+        return self._tree_buffers
+
+    def _generate(self, input_ids, sampling, max_new_tokens, tree_choices):
+        tree_choices = _tree_from_name(tree_choices)
+        B, T = input_ids.shape
+        if B != 1:
+            raise ValueError(f"EAGLE decodes one prompt at a time, got batch size {B}")
+        base = self.ea.base_model
+        device = base.lm_head.weight.device
+        buffers = self._tree_layout(tree_choices, device)
+        N, D = buffers["tree_indices"].numel(), buffers["retrieve_indices"].shape[1] - 1
+        logits_processor = None
+        if sampling is not None and not sampling.greedy:
+            logits_processor = prepare_logits_processor(temperature=sampling.temperature, top_p=sampling.top_p,
+                                                        top_k=sampling.top_k)
+        sampler = Sampler(sampling or SamplingConfig(), device)
+        config = base.config
+        L = int(config.num_hidden_layers)
+        max_length = T + max_new_tokens + self.max_unverified + 2 * (N + D + 1)
+        dtype = base.lm_head.weight.dtype
+        self.stats = {"target": CallStats(), "eagle_head": CallStats()}
+        g_full = KVBuffers(config, range(L), max_length, dtype, device)
+        g_slim = None
+        if self.policy is not None:
+            self.stats["slim"] = CallStats()
+            attending = [i for i in range(L) if self.routing.runs_attention(i)]
+            g_slim = KVBuffers(config, attending, max_length, dtype, device)
+
+        # 0. prefill: the target reads the prompt, picks the root, the head grows the first tree
+        self.ea.ea_layer.reset_kv()
+        reset_tree_mode(self.ea)
+        begin = time.perf_counter()
+        head_out, _, _, root = initialize_tree(input_ids, self.ea, buffers["tree_attn_mask"], g_full.caches,
+                                               logits_processor)
+        self.stats["target"].add(T, time.perf_counter() - begin)
+        g = _Generation(input_ids.clone(), root.reshape(1, 1).to(input_ids.device), head_out, g_full, g_slim)
+        g.last = RoundResult([int(g.root)], 0, 0)
+        yield g
+        while True:
+            g.last = self._round(g, buffers, sampler, logits_processor)
+            yield g
+
+    def _round(self, g: _Generation, buffers, sampler: Sampler, logits_processor) -> RoundResult:
+        # 1. draft: the head's tree
+        candidates, cart_probs, tree_candidates = generate_candidates(
+            g.head_out, buffers["tree_indices"], buffers["retrieve_indices"], g.root, logits_processor)
+        tree = DraftTree(tree_candidates[0], buffers["retrieve_indices"], candidates, buffers["parents"])
+        lag = g.ids.shape[1] - g.full.length  # committed tokens the full model has not read
+        # 2. slim verify over the tree, tiers on its paths
+        slim = None
+        if self.policy is not None and lag + tree.depth + 1 <= self.max_unverified:
+            slim = self._slim_pass(g, tree_candidates, buffers)
+            u_logits, u_hidden = slim
+            u = sampler.probs(u_logits)  # [N, V]
+            decision = decide_tree(self.policy, tree, u)
+            if decision.tier != Tier.ESCALATE:
+                return self._commit_slim(g, tree, decision, u, u_logits, u_hidden, sampler, logits_processor)
+        # 3. escalate: the full target judges the tree with eagle-llm's own rule
+        return self._escalate(g, tree, cart_probs, tree_candidates, buffers, logits_processor, slim is not None)
+
+    def _slim_pass(self, g: _Generation, tree_candidates, buffers):
+        """u's logits [N, V] and normed hidden states [1, N, H] at the tree nodes (lagging tokens read first)."""
+        S = g.ids.shape[1]
+        start = g.slim.length
+        ids = torch.cat([g.ids[:, start:], tree_candidates], dim=1)  # [1, lag + N]
+        positions = torch.cat([torch.arange(start, S, device=ids.device),
+                               buffers["tree_position_ids"].to(ids.device) + S])
+        g.slim.room(ids.shape[1])
+        begin = time.perf_counter()
+        hidden = self.layers.forward(ids, positions, g.slim, buffers["tree_attn_mask"], self.routing)
+        hidden = hidden[:, S - start:]  # [1, N, H]
+        logits = self.layers.lm_head(hidden)[0]  # [N, V]
+        self.stats["slim"].add(ids.shape[1], time.perf_counter() - begin)
+        return logits, hidden
+
+    def _commit_slim(self, g, tree, decision, u, u_logits, u_hidden, sampler, logits_processor) -> RoundResult:
+        """4. commit a tier-1/2 decision: no full model; the head reads the slim's features."""
+        S = g.ids.shape[1]
+        j, a = decision.path, decision.num_accepted
+        nodes = tree.paths[j, : a + 1]  # root and the accepted drafts
+        drafts = tree.candidates[j, 1 : a + 1].tolist()
+        last = int(nodes[-1])
+        counts = {"accept": a} if a else {}
+        if decision.tier == Tier.SLIM:
+            next_token = sampler.choose_from(u[last], u_logits[last])
+            counts["slim"] = 1
+            tokens = drafts + [next_token]
+        elif self.policy.accepts_bonus(u[last]):
+            next_token = sampler.choose_from(u[last], u_logits[last])
+            tokens = drafts + [next_token]
+        else:  # the last accepted draft becomes the root: it is output, not yet read by any model
+            next_token = drafts[-1]
+            nodes = nodes[:-1]
+            tokens = drafts
+        g.slim.keep(S, nodes.to(g.slim.data.device) + S)
+        committed = tree.nodes[nodes][None].to(g.ids.device)  # [1, c]
+        g.ids = torch.cat([g.ids, committed], dim=1)
+        g.root = g.ids.new_tensor([[next_token]])
+        begin = time.perf_counter()
+        g.head_out = self.ea.ea_layer.topK_genrate(
+            u_hidden[:, nodes], input_ids=torch.cat([g.ids, g.root], dim=1), head=self.ea.base_model.lm_head,
+            logits_processor=logits_processor)
+        self.stats["eagle_head"].add(committed.shape[1], time.perf_counter() - begin)
+        return RoundResult(tokens, a, tree.depth, counts)
+
+    def _escalate(self, g, tree, cart_probs, tree_candidates, buffers, logits_processor, slim_ran) -> RoundResult:
+        """3-4. the full target reads [lagging tokens + tree]; eagle-llm's posterior rule and commit."""
+        S = g.ids.shape[1]
+        start = g.full.length
+        lag = S - start
+        ids = torch.cat([g.ids[:, start:], tree_candidates], dim=1)  # [1, lag + N]
+        positions = buffers["tree_position_ids"] + S
+        if lag:
+            positions = torch.cat([torch.arange(start, S, device=positions.device), positions])
+        g.full.room(ids.shape[1])
+        begin = time.perf_counter()
+        _, orig, hidden = self.ea(ids, output_orig=True, past_key_values=g.full.caches, position_ids=positions,
+                                  init=False)
+        logits = orig[0, lag:][buffers["retrieve_indices_head"]]  # [P, D + 1, V]
+        self.stats["target"].add(ids.shape[1], time.perf_counter() - begin)
+        best, accept_length, sample_p = evaluate_posterior(
+            logits, tree.candidates, logits_processor, cart_probs, g.head_out[2], buffers["p_indices"],
+            tree_candidates, buffers["b_indices"])
+        accept_length = int(accept_length)
+        if lag:  # the head re-reads the lagging positions with the full model's features
+            rewind_head(self.ea.ea_layer, start)
+            next_tokens = torch.cat([g.ids[:, start + 1 :], g.root], dim=1)  # [1, lag]
+            extend_head(self.ea.ea_layer, hidden[:, :lag], next_tokens)
+            assert head_length(self.ea.ea_layer) == S
+        if slim_ran:
+            g.slim.keep(S, buffers["retrieve_indices"][best, : accept_length + 1].to(g.slim.data.device) + S)
+        begin = time.perf_counter()
+        g.ids, g.head_out, _, _, root = update_inference_inputs(
+            g.ids, tree.candidates, best, accept_length, buffers["retrieve_indices"], logits_processor, logits,
+            g.head_out, 0, [g.full.data], g.full.lengths, self.ea, None, hidden[:, lag:], sample_p)
+        self.stats["eagle_head"].add(accept_length + 1, time.perf_counter() - begin)
+        g.root = root.reshape(1, 1).to(g.ids.device)
+        tokens = tree.candidates[best, 1 : accept_length + 1].tolist() + [int(g.root)]
+        return RoundResult(tokens, accept_length, tree.depth, {"full": min(accept_length + 1, tree.depth)})
+
+
+@contextlib.contextmanager
+def _global_rng(sampling: SamplingConfig):
+    """eagle-llm samples from the global torch and `random` generators: seed them, then restore them."""
+    state = random.getstate()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(sampling.seed)
+        random.seed(sampling.seed)
+        try:
+            yield
+        finally:
+            random.setstate(state)
+
+
+# ----------------------------------------------------------------------------- the Decoder
+def resolve_head(head: str | Path) -> Path:
+    """A head folder as given, or relative to the repository root (configs name `artifacts/eagle/...`)."""
+    path = Path(head).expanduser()
+    for candidate in (path, REPO_ROOT / path):
+        if is_head_folder(candidate):
+            return candidate
+    raise ValueError(
+        f"no EAGLE head at {head} (config.json with head.safetensors or pytorch_model.bin):"
+        " train one with `viasd-train-eagle` (see docs/eagle.md)"
+    )
+
+
+class EagleDecoder(Decoder):
+    """EAGLE (optionally tiered) behind the project's `Decoder` interface, with `DecodeStats`.
+
+    Built either around a transformers target already loaded (`target=` and `head=`: the pipeline's
+    way; the target is shared, not reloaded) or around an existing `EaModel` (`ea_model=`).
+
+    `stats.drafted` counts D per round (the most a round can accept), `stats.steps` the rounds
+    (the prefill, which yields the first token, is not one); `model_calls` has "target", "slim" and
+    "eagle_head" (the head's tree growth, eagle-llm's `topK_genrate`, inside the commit).
+    """
+
+    def __init__(self, target: PreTrainedModel | None = None, head: str | Path | None = None,
+                 ea_model: EaModel | None = None, routing: RoutingMask | str | Path | None = None,
+                 policy: TierPolicy | None = None, max_unverified: int = 16, tree: str | list = "mc_sim_7b_63",
+                 tokenizer_path: str | Path | None = None):
+        if ea_model is None:
+            if target is None or head is None:
+                raise ValueError("EagleDecoder needs ea_model=, or target= and head= (an EAGLE head folder)")
+            ea_model = ea_model_from_target(target, resolve_head(head), tokenizer_path)
+        self.model = TieredEagle(ea_model, routing, policy, max_unverified)
+        self.tree = _tree_from_name(tree)
+
+    @property
+    def context_length(self) -> int:
+        return int(self.model.config.max_position_embeddings)
+
+    def generate(self, input_ids, max_new_tokens, sampling=None, stop_token_ids=()):
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            raise ValueError(f"input_ids must be [1, tokens], got shape {tuple(input_ids.shape)}")
+        T = input_ids.shape[1]
+        if T == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if T + max_new_tokens > self.context_length:
+            raise ValueError(
+                f"prompt ({T}) + max_new_tokens ({max_new_tokens}) exceeds the context window ({self.context_length})")
+        stops = set(stop_token_ids)
+        stats = DecodeStats()
+        tokens: list[int] = []
+        sampled = sampling is not None and not sampling.greedy
+        begin = time.perf_counter()
+        with _global_rng(sampling) if sampled else contextlib.nullcontext():
+            for result in self.model.rounds(input_ids, sampling, max_new_tokens, self.tree):
+                if result.num_drafted:
+                    stats.steps += 1
+                    stats.drafted += result.num_drafted
+                    stats.accepted += result.num_accepted
+                    stats.tier_counts.update(result.tier_counts)
+                done = False
+                for token in result.tokens:
+                    tokens.append(token)
+                    if token in stops or len(tokens) >= max_new_tokens:
+                        done = True
+                        break
+                if done:
+                    break
+        stats.seconds = time.perf_counter() - begin
+        stats.new_tokens = len(tokens)
+        stats.model_calls = dict(self.model.stats)
+        return GenerationResult(tokens, stats)

@@ -1,0 +1,180 @@
+"""PEARL as a `Decoder`: the engine of `third_party/pearl` with the project's drafter and verifier.
+
+The engine runs the drafter in a draft worker (a process or a thread) and calls the target side
+in this process. The target side is any `Verifier`: `LosslessVerifier` gives plain PEARL, and
+`TieredVerifier` puts VIA-SD's slim verifier inside PEARL's verify step with no change to the
+drafter. Pre-verify asks the verifier for its own next token (a block of zero drafts).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+
+import torch
+
+from ..decode.loops import Decoder, GenerationResult, _Progress
+from ..decode.stats import DecodeStats
+from ..draft.base import DraftBlock, Drafter
+from ..runner import CallStats
+from ..sampling import Sampler, SamplingConfig
+from ..verify.base import Verdict, Verifier
+
+try:
+    from pearl_engine import Judgement, PearlConfig, PearlEngine
+except ImportError as err:  # pragma: no cover - an install problem, not a code path
+    raise ImportError(
+        "the PEARL engine (package `pearl_engine`, in third_party/pearl) is not importable:"
+        " reinstall the project (`pip install -e .`) so its packages.find picks it up"
+    ) from err
+
+logger = logging.getLogger(__name__)
+
+
+class DrafterProposer:
+    """A project `Drafter` seen by the engine: one token per call, seeded by position.
+
+    It travels to the draft worker (pickled, for the process backend) and builds its sampler
+    there, on the device of the ids it is given.
+    """
+
+    def __init__(self, drafter: Drafter):
+        self.drafter = drafter
+        self.settings: SamplingConfig | None = None
+        self.sampler: Sampler | None = None
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.drafter.vocab_size
+
+    def reset(self, settings: SamplingConfig) -> None:
+        self.drafter.reset()
+        self.settings = settings
+        self.sampler = None
+
+    def propose(self, ids: torch.Tensor, seed: int):
+        if self.sampler is None:
+            self.sampler = Sampler(self.settings or SamplingConfig(), ids.device)
+        self.sampler.generator.manual_seed(seed)  # the draft at this position never depends on timing
+        block = self.drafter.propose(ids, 1, self.sampler)
+        if len(block) == 0:
+            return None
+        return int(block.tokens[0]), None if block.probs is None else block.probs[0]
+
+    def stats(self) -> dict[str, CallStats]:
+        return self.drafter.stats
+
+
+class VerifierJudge:
+    """A project `Verifier` seen by the engine, with the target-side sampler of one generation."""
+
+    def __init__(self, verifier: Verifier, sampler: Sampler):
+        self.verifier = verifier
+        self.sampler = sampler
+
+    def judge(self, ids: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor | None) -> Judgement:
+        verdict = self.verifier.verify(ids, DraftBlock(tokens, probs), self.sampler)
+        return Judgement(
+            tokens=verdict.tokens,
+            num_accepted=verdict.num_accepted,
+            num_drafted=verdict.num_drafted,
+            counts=dict(verdict.tier_counts),
+            next_token_tier=next_token_tier(verdict),
+        )
+
+
+def next_token_tier(verdict: Verdict) -> str:
+    """Which tier chose the token after the kept drafts.
+
+    `Verdict` does not say; this reads it off the tier counts: the full model's token whenever
+    the full model ran on the block, otherwise the slim verifier's (a rewrite, or the bonus token
+    of a block tier 1 accepted whole).
+    """
+    return "full" if "full" in verdict.tier_counts else "slim"
+
+
+class PearlDecoder(Decoder):
+    """PEARL (Liu et al., ICLR 2025): drafting and verification at the same time, with pre-verify,
+    post-verify and adaptive draft length. Lossless when the verifier is.
+
+    The draft worker starts on the first `generate` and is reused; `close()` stops it (it also
+    stops when this object is collected or the interpreter exits).
+    """
+
+    def __init__(
+        self,
+        drafter: Drafter,
+        verifier: Verifier,
+        window_size: int = 3,
+        backend: str = "process",
+        draft_threads: int | None = 1,
+        target_threads: int | None = 1,
+        start_method: str = "spawn",
+        timeout_s: float = 600.0,
+        start_timeout_s: float = 900.0,
+    ):
+        """
+        Args:
+            drafter: proposes tokens, one per call, inside the draft worker.
+            verifier: judges blocks in this process (LosslessVerifier: plain PEARL).
+            window_size: gamma, tokens drafted per round; the paper picks the target/draft
+                forward-time ratio (measured with both running at once).
+            backend: "process" (own process, own torch threads) or "thread".
+            draft_threads / target_threads: torch threads of each side; None keeps torch's.
+            start_method: multiprocessing start method of the process backend.
+            timeout_s: longest wait for one message from the draft worker.
+            start_timeout_s: longest wait for a new draft worker to be ready.
+        """
+        if drafter.vocab_size not in (None, verifier.vocab_size):
+            raise ValueError(
+                f"the drafter's vocabulary ({drafter.vocab_size}) differs from the target's"
+                f" ({verifier.vocab_size}): draft and target must share one tokenizer;"
+                " pick a draft model of the target's family"
+            )
+        self.drafter = drafter
+        self.verifier = verifier
+        self.config = PearlConfig(
+            window_size=window_size,
+            backend=backend,
+            draft_threads=draft_threads,
+            target_threads=target_threads,
+            start_method=start_method,
+            timeout_s=timeout_s,
+            start_timeout_s=start_timeout_s,
+        )
+        self.engine = PearlEngine(DrafterProposer(drafter), self.config)
+
+    def generate(self, input_ids, max_new_tokens, sampling=None, stop_token_ids=()):
+        sampling = sampling or SamplingConfig()
+        sampler = Sampler(sampling, input_ids.device)
+        progress = _Progress(input_ids, max_new_tokens, stop_token_ids, self.verifier.context_length)
+        self.verifier.reset()
+        stats = DecodeStats()
+        modes: Counter = Counter()
+        begin = time.perf_counter()
+        judge = VerifierJudge(self.verifier, sampler)
+        # Greedy: a draft after a judged block is kept iff it equals the verifier's own token
+        # (exactly greedy matching, and pre-verify need not wait for the first draft). Sampling:
+        # every draft goes through the verifier's rejection sampling.
+        with self.engine.session(input_ids, judge, sampling, sampling.seed, match_own_token=sampling.greedy) as session:
+            while not progress.done:
+                # 1-2. draft and verify at once; 3. keep the drafts consistent with the commit
+                round_ = session.step(progress.remaining)
+                # 4. commit (cut at a stop token or the budget)
+                progress.commit(round_.tokens)
+                stats.steps += 1
+                stats.drafted += round_.num_drafted
+                stats.accepted += round_.num_accepted
+                stats.tier_counts.update(round_.counts)
+                modes[round_.mode] += 1
+        stats.seconds = time.perf_counter() - begin
+        stats.new_tokens = len(progress.new_tokens)
+        stats.model_calls = {**session.draft_stats, **self.verifier.stats}
+        logger.debug("PEARL rounds: %d pre-verify, %d post-verify", modes["pre"], modes["post"])
+        return GenerationResult(progress.new_tokens, stats)
+
+    def close(self) -> None:
+        """Stop the draft worker (the next `generate` starts a new one)."""
+        self.engine.close()
+

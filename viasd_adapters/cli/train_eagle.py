@@ -1,0 +1,68 @@
+"""`viasd-train-eagle`: train an EAGLE draft head for the model pair's target (or export one).
+
+    viasd-train-eagle model_pair=smollm2-135m ship=true
+    viasd-train-eagle export.head=artifacts/eagle/smollm2-135m-instruct export.out=/tmp/eagle-head
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from . import CONFIG_DIR
+
+logger = logging.getLogger(__name__)
+
+
+def run(cfg: DictConfig):
+    """Train (or, with export.head and export.out set, export) and return the TrainResult / folder."""
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    from ..models import load_model
+
+    if cfg.export.head or cfg.export.out:
+        if not (cfg.export.head and cfg.export.out):
+            raise ValueError("export needs both export.head and export.out")
+        return export(cfg)
+    from ..train.eagle import train_eagle_head
+
+    loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))
+    training = instantiate(cfg.training, _convert_="all")
+    result = train_eagle_head(loaded, training, cfg.out_dir, progress=cfg.progress, resume=cfg.resume)
+    logger.info("head written to %s (%d steps, held-out top-1 %.3f)", result.out_dir, result.steps, result.eval_top1)
+    if cfg.ship:
+        ship = Path(cfg.ship_dir)
+        ship.mkdir(parents=True, exist_ok=True)
+        for name in ("config.json", "head.safetensors", "recipe.json"):
+            shutil.copy2(Path(result.out_dir) / name, ship / name)
+        logger.info("shipped to %s", ship)
+    return result
+
+
+def export(cfg: DictConfig) -> Path:
+    """eagle-llm's format (config.json + pytorch_model.bin) of a head, with the target's embeddings."""
+    from third_party.eagle import export_head
+
+    from ..adapters.eagle import resolve_head
+    from ..models import load_model
+
+    loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))
+    out = export_head(resolve_head(cfg.export.head), loaded.model.get_input_embeddings().weight, cfg.export.out)
+    logger.info("eagle-llm head written to %s (EaModel.from_pretrained(ea_model_path=...))", out)
+    return out
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="train_eagle", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    result = run(cfg)
+    print(result)
+
+
+if __name__ == "__main__":
+    main()

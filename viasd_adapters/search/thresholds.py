@@ -1,0 +1,124 @@
+"""Tier-threshold calibration: the cheapest policy thresholds that keep a quality target.
+
+Quality is token agreement with the target's own greedy output (AR) on calibration prompts;
+cost is full-model forward passes per generated token, a count rather than a time, so the
+choice does not depend on how busy the machine was. Measured tokens/s are reported beside it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import re
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from ..bench.metrics import token_agreement
+from ..decode import AutoregressiveDecoder
+from ..pipeline import ModelPair, build_decoder
+from ..sampling import SamplingConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ThresholdResult:
+    """How one (tau_accept, tau_slim) setting did on the calibration prompts."""
+
+    tau_accept: float
+    tau_slim: float
+    agreement: float  # mean token match rate with the target's greedy output
+    exact_rate: float  # share of prompts whose output equals it exactly
+    full_calls_per_token: float  # target forwards per generated token (the cost that is chosen on)
+    slim_calls_per_token: float
+    tokens_per_second: float  # median over prompts (measured, for information)
+
+
+def evaluate_thresholds(
+    pair: ModelPair,
+    framework: DictConfig,
+    verifier: DictConfig,
+    prompts: list[torch.Tensor],
+    grid: list[tuple[float, float]],
+    max_new_tokens: int,
+    progress: bool = True,
+) -> list[ThresholdResult]:
+    """Decode every prompt with every (tau_accept, tau_slim) of `grid` (greedy)."""
+    greedy = SamplingConfig()
+    stop = pair.target.stop_token_ids
+    reference_decoder = AutoregressiveDecoder(pair.target.model)
+    references = [
+        reference_decoder.generate(ids, max_new_tokens, greedy, stop).tokens
+        for ids in tqdm(prompts, desc="reference (AR)", disable=not progress)
+    ]
+    results = []
+    for tau_accept, tau_slim in tqdm(grid, desc="thresholds", disable=not progress):
+        node = OmegaConf.merge(verifier, {"policy": {"tau_accept": tau_accept, "tau_slim": tau_slim}})
+        decoder = build_decoder(framework, node, pair)
+        agreements, exact, speeds, full, slim, tokens = [], 0, [], 0, 0, 0
+        for ids, reference in zip(prompts, references):
+            out = decoder.generate(ids, max_new_tokens, greedy, stop)
+            rate, same = token_agreement(out.tokens, reference)
+            agreements.append(rate)
+            exact += same
+            speeds.append(out.stats.tokens_per_second)
+            calls = out.stats.model_calls
+            full += calls["target"].calls
+            slim += calls["slim"].calls if "slim" in calls else 0
+            tokens += out.stats.new_tokens
+        results.append(
+            ThresholdResult(
+                tau_accept, tau_slim, statistics.fmean(agreements), exact / len(prompts),
+                full / tokens, slim / tokens, statistics.median(speeds),
+            )
+        )
+        logger.info("%s", results[-1])
+    return results
+
+
+def choose(results: list[ThresholdResult], target_agreement: float) -> tuple[ThresholdResult, bool]:
+    """The fewest full forwards per token among settings meeting the target (ties: the safer,
+    higher thresholds); the most faithful setting, flagged, when none meets it."""
+    meeting = [r for r in results if r.agreement >= target_agreement]
+    if not meeting:
+        return max(results, key=lambda r: r.agreement), False
+    return min(meeting, key=lambda r: (r.full_calls_per_token, -r.tau_accept, -r.tau_slim)), True
+
+
+def write_policy(
+    path: Path, best: ThresholdResult, met: bool, target_agreement: float, facts: dict
+) -> Path:
+    """A `conf/policy/` file holding the chosen thresholds and how they were chosen."""
+    provenance = {
+        "quality_target": f"token agreement with greedy AR >= {target_agreement}",
+        "met": met,
+        **{k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(best).items()},
+        **facts,
+        "date": datetime.date.today().isoformat(),
+    }
+    header = "".join(f"# {line}\n" for line in yaml.safe_dump(provenance, sort_keys=False).splitlines())
+    body = {
+        "_target_": "viasd_adapters.verify.ConfidencePolicy",
+        "tau_accept": best.tau_accept,
+        "tau_draft": 0.0,
+        "tau_slim": best.tau_slim,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("# Written by viasd-calibrate.\n" + header + yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+def select_policy_in_pair_config(pair_config: Path, policy_name: str) -> bool:
+    """Point the model pair's `/policy` default at `policy_name`; False if it has none."""
+    text = pair_config.read_text()
+    pattern = re.compile(r"^(\s*- /policy@_global_\.policy: )\S+", re.MULTILINE)
+    if not pattern.search(text):
+        return False
+    pair_config.write_text(pattern.sub(lambda m: m.group(1) + policy_name, text, count=1))
+    return True

