@@ -1,7 +1,7 @@
 """Upgrading an existing eagle-llm deployment to VIA-SD: same target, same draft head, a few lines.
 
     python examples/upgrade_eagle.py                      # SmolLM2-135M-Instruct and the shipped head
-    python examples/upgrade_eagle.py --routing PATH.yaml  # a routing mask found by viasd-search
+    python examples/upgrade_eagle.py --routing PATH.yaml  # another routing mask (viasd-search writes them)
 
 Run from the repository root (it imports `third_party.eagle`).
 """
@@ -25,7 +25,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default=str(ensure_cached("smollm2-135m-instruct")), help="target folder")
     parser.add_argument("--head", default=str(REPO / "artifacts/eagle/smollm2-135m-instruct"), help="EAGLE head folder")
-    parser.add_argument("--routing", default=None, help="routing mask YAML (default: skip layer 14 of 30)")
+    parser.add_argument("--routing", default=str(REPO / "conf/routing/smollm2-135m-2l.yaml"),
+                        help="routing mask YAML (default: the DIMR-searched SmolLM2 mask, layers 3 and 5)")
     parser.add_argument("--prompt", default="Explain in two sentences why the sky is blue.")
     args = parser.parse_args()
 
@@ -42,8 +43,8 @@ def main() -> None:
     from viasd_adapters.routing import RoutingMask
     from viasd_adapters.verify import ConfidencePolicy
 
-    routing = RoutingMask.from_yaml(args.routing) if args.routing else RoutingMask(skip_layers=(14,))
-    model = TieredEagle(model, routing=routing, policy=ConfidencePolicy(tau_accept=0.9, tau_slim=0.9))
+    model = TieredEagle(model, routing=RoutingMask.from_yaml(args.routing),
+                        policy=ConfidencePolicy(tau_accept=0.9, tau_slim=0.9))
     tiered = model.eagenerate(ids, temperature=0.0, max_new_tokens=64)
 
     decode = lambda out: model.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)  # noqa: E731

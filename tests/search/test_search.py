@@ -116,3 +116,16 @@ def test_search_is_reproducible():
     runs = [run_search(AdditiveObjective(WEIGHTS), space, SearchConfig(num_random=5, num_tpe=5, seed=3), progress=False)
             for _ in range(2)]
     assert [t.mask for t in runs[0].trials] == [t.mask for t in runs[1].trials]
+
+
+def test_candidates_narrow_the_space_and_greedy():
+    space = MaskSpace(8, Budget("layers", 2), candidates=[("layer", 2), ("layer", 3), ("layer", 5)])
+    rng = np.random.default_rng(0)
+    assert {i for _ in range(20) for i in space.random_mask(rng).skip_layers} <= {2, 3, 5}
+    with pytest.raises(ValueError, match="outside the search's candidates"):
+        space.encode(RoutingMask([1, 2]))
+    with pytest.raises(ValueError, match="cannot meet"):
+        MaskSpace(8, Budget("layers", 2), candidates=[("layer", 2)])
+    path = greedy_removal(AdditiveObjective(WEIGHTS), 8, 2, progress=False, candidates=[1, 5, 6])
+    assert [s.mask.skip_layers for s in path] == [(5,), (5, 6)]
+    assert [len(s.candidates) for s in path] == [3, 2]

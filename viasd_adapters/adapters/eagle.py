@@ -214,7 +214,7 @@ class TieredEagle(nn.Module):
         self.layers = None
         if policy is not None:
             if isinstance(routing, (str, Path)):
-                routing = RoutingMask.from_yaml(routing)
+                routing = RoutingMask.from_yaml(resolve_routing(routing))
             self.layers = layers_for(ea_model.base_model)
             self.routing = routing.bind(self.layers.num_layers)
         self.stats: dict[str, CallStats] = {}
@@ -439,6 +439,15 @@ def _global_rng(sampling: SamplingConfig):
 
 
 # ----------------------------------------------------------------------------- the Decoder
+def resolve_routing(routing: str | Path) -> Path:
+    """A mask YAML path as given, relative to the repository root, or a name in conf/routing/."""
+    path = Path(routing).expanduser()
+    for candidate in (path, REPO_ROOT / path, REPO_ROOT / "conf" / "routing" / f"{routing}.yaml"):
+        if candidate.is_file():
+            return candidate
+    raise ValueError(f"no routing mask {routing!r}: give a mask YAML path or a name in conf/routing/")
+
+
 def resolve_head(head: str | Path) -> Path:
     """A head folder as given, or relative to the repository root (configs name `artifacts/eagle/...`)."""
     path = Path(head).expanduser()

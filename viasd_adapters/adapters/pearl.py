@@ -107,6 +107,7 @@ class PearlDecoder(Decoder):
         drafter: Drafter,
         verifier: Verifier,
         window_size: int = 3,
+        schedule: str = "window",
         backend: str = "process",
         draft_threads: int | None = 1,
         target_threads: int | None = 1,
@@ -120,6 +121,8 @@ class PearlDecoder(Decoder):
             verifier: judges blocks in this process (LosslessVerifier: plain PEARL).
             window_size: gamma, tokens drafted per round; the paper picks the target/draft
                 forward-time ratio (measured with both running at once).
+            schedule: "window" (the paper: rounds wait for the whole window) or "eager" (the
+                drafter drafts ahead without waiting; each round judges what exists, <= gamma).
             backend: "process" (own process, own torch threads) or "thread".
             draft_threads / target_threads: torch threads of each side; None keeps torch's.
             start_method: multiprocessing start method of the process backend.
@@ -136,6 +139,7 @@ class PearlDecoder(Decoder):
         self.verifier = verifier
         self.config = PearlConfig(
             window_size=window_size,
+            schedule=schedule,
             backend=backend,
             draft_threads=draft_threads,
             target_threads=target_threads,

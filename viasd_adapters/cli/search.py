@@ -64,17 +64,24 @@ def run(cfg: DictConfig) -> SearchOutput:
                            cfg.cache_dir, cfg.progress)
     L, name = session.num_layers, session.model_name
     budget = Budget(**OmegaConf.to_container(cfg.search.budget, resolve=True))
-    space = MaskSpace(L, budget, attention_share(loaded.model), name)
+    share = attention_share(loaded.model)
     search_cfg = SearchConfig(**OmegaConf.to_container(cfg.search.config, resolve=True))
     objective = session.objective
 
-    # Baselines first: they seed the search and go in the report.
+    # Baselines first: they seed and narrow the search and go in the report.
     baselines = Baselines()
     if cfg.search.baselines.sensitivity:
         baselines.sensitivity = sensitivity(objective, L, sub_blocks=budget.unit == "blocks", progress=cfg.progress)
+    candidates = None
+    if cfg.search.get("candidates"):
+        if baselines.sensitivity is None:
+            raise ValueError("search.candidates needs search.baselines.sensitivity=true")
+        candidates = _least_sensitive(baselines.sensitivity, budget.unit, int(cfg.search.candidates), search_cfg.cost)
+    space = MaskSpace(L, budget, share, name, candidates)
     greedy_steps = int(cfg.search.baselines.greedy or 0)
     if greedy_steps:
-        baselines.greedy = greedy_removal(objective, L, greedy_steps, search_cfg.cost, name, cfg.progress)
+        pool = None if candidates is None else sorted({i for _, i in candidates})
+        baselines.greedy = greedy_removal(objective, L, greedy_steps, search_cfg.cost, name, cfg.progress, pool)
     seeds = _seed_masks(list(cfg.search.seeds), space, baselines, search_cfg.cost)
     baseline_seconds = time.perf_counter() - begin
 
@@ -92,6 +99,9 @@ def run(cfg: DictConfig) -> SearchOutput:
         "kl": round(best.metrics.kl, 5),
         "top1": round(best.metrics.top1, 4),
         "skipped_cost_layers": round(space.cost_of(best.mask), 3),
+        "candidates": None if candidates is None else [f"{kind}{i}" for kind, i in candidates],
+        "candidates_text": None if candidates is None else
+        f"{len(candidates)} least sensitive: " + ", ".join(f"{kind[0]}{i}" for kind, i in sorted(candidates, key=lambda b: b[1])),
         "calibration": session.calibration.description | {"scored_positions": session.calibration.num_scored},
         "calibration_text": f"{session.calibration.description['split']} split, "
                             f"{len(session.calibration.texts)} texts, {session.calibration.num_scored} scored positions",
@@ -147,6 +157,17 @@ def _unique(trials):
             seen.add(t.mask.skips)
             out.append(t)
     return out
+
+
+def _least_sensitive(table, unit: str, count: int, cost: str) -> list[tuple[str, int]]:
+    """The `count` blocks whose removal alone costs least (layers, or attention / MLP sub-blocks)."""
+    if unit == "layers":
+        blocks = [("layer", i, m) for i, m in enumerate(table.layer)]
+    else:
+        blocks = [(kind, i, m) for kind, rows in (("attention", table.attention), ("mlp", table.mlp))
+                  for i, m in enumerate(rows)]
+    ranked = sorted(blocks, key=lambda b: (b[2].cost(cost), b[1]))
+    return [(kind, i) for kind, i, _ in ranked[:count]]
 
 
 def _seed_masks(kinds: list[str], space: MaskSpace, baselines: Baselines, cost: str) -> list[RoutingMask]:

@@ -154,49 +154,53 @@ def _cut(loaded: LoadedModel, text: str, max_tokens: int) -> str:
 
 def build_calibration(loaded: LoadedModel, cfg: CalibrationConfig, cache_dir: str | Path | None,
                       progress: bool = True) -> CalibrationSet:
-    """The calibration texts of `cfg` for `loaded` (generated once, then read from `cache_dir`)."""
+    """The calibration texts of `cfg` for `loaded` (each generated once, then read from `cache_dir`).
+
+    Generated texts are cached per prompt (one file per model and generation settings, written
+    after every text), so an interrupted run keeps its work and other prompt selections reuse it.
+    """
     prompts = [p for s in cfg.sources for p in select_prompts(s, cfg.split, cfg.per_category)]
     spec = loaded.spec
-    identity = {
+    settings = {
         "model": spec.name, "dtype": spec.dtype, "tiny": asdict(spec.tiny) if spec.tiny else None,
-        "prompts": prompts, "max_prompt_tokens": cfg.max_prompt_tokens, "max_new_tokens": cfg.max_new_tokens,
+        "max_prompt_tokens": cfg.max_prompt_tokens, "max_new_tokens": cfg.max_new_tokens,
         "chat_template": cfg.chat_template,
     }
-    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-    path = Path(cache_dir).expanduser() / "calibration" / f"{Path(spec.name).name}-{key}.json" if cache_dir else None
+    settings_key = _hash(settings)
+    key = _hash({"settings": settings_key, "prompts": prompts})
     description = {"model": spec.name, "dtype": spec.dtype, "split": cfg.split,
                    "prompts": [pid for pid, _ in prompts], "max_new_tokens": cfg.max_new_tokens,
                    "max_prompt_tokens": cfg.max_prompt_tokens}
-    if path is not None and path.is_file():
-        texts = [CalibrationText(**t) for t in json.loads(path.read_text())["texts"]]
-        logger.info("calibration texts read from %s", path)
-        return CalibrationSet(texts, key, description)
+    path = None
+    cached: dict[str, dict] = {}
+    if cache_dir:
+        path = Path(cache_dir).expanduser() / "calibration" / f"{Path(spec.name).name}-{settings_key}.json"
+        if path.is_file():
+            cached = json.loads(path.read_text())["texts"]
 
-    # Texts are saved one by one to a partial file, so an interrupted run keeps what it generated.
-    partial = path.with_suffix(".partial.json") if path is not None else None
-    done: dict[str, CalibrationText] = {}
-    if partial is not None and partial.is_file():
-        done = {t["prompt_id"]: CalibrationText(**t) for t in json.loads(partial.read_text())["texts"]}
     decoder = AutoregressiveDecoder(target=loaded.model)
     texts = []
     for pid, message in tqdm(prompts, desc=f"calibration text ({cfg.split})", disable=not progress):
-        if pid not in done:
+        entry = cached.get(pid)
+        if entry is None or entry["message"] != message:
             prompt = encode_prompt(loaded, _cut(loaded, message, cfg.max_prompt_tokens), cfg.chat_template)  # [1, T]
             result = decoder.generate(prompt, cfg.max_new_tokens, SamplingConfig(), loaded.stop_token_ids)
-            if not result.tokens:
-                logger.warning("prompt %s got an empty continuation; skipped", pid)
-                continue
-            done[pid] = CalibrationText(pid, prompt[0].tolist() + list(result.tokens), len(result.tokens))
-            if partial is not None:
-                _write_json(partial, {"identity": identity, "texts": [asdict(t) for t in done.values()]})
-        texts.append(done[pid])
+            entry = {"message": message, "ids": prompt[0].tolist() + list(result.tokens),
+                     "num_scored": len(result.tokens)}
+            cached[pid] = entry
+            if path is not None:
+                _write_json(path, {"settings": settings, "texts": cached})
+        if entry["num_scored"] == 0:
+            logger.warning("prompt %s got an empty continuation; skipped", pid)
+            continue
+        texts.append(CalibrationText(pid, entry["ids"], entry["num_scored"]))
     if not texts:
         raise ValueError("no calibration text: every continuation was empty")
-    if path is not None:
-        _write_json(path, {"identity": identity, "texts": [asdict(t) for t in texts]})
-        if partial.is_file():
-            partial.unlink()
     return CalibrationSet(texts, key, description)
+
+
+def _hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -44,21 +44,24 @@ class GreedyStep:
 
 
 def greedy_removal(objective: Objective, num_layers: int, steps: int, cost: str = "kl",
-                   model: str | None = None, progress: bool = True) -> list[GreedyStep]:
+                   model: str | None = None, progress: bool = True,
+                   candidates: list[int] | None = None) -> list[GreedyStep]:
     """Remove layers one at a time, each time the one whose removal costs least.
 
-    `steps` removals need sum_{j < steps} (L - j) evaluations (the first step is the per-layer
-    sensitivity); an objective with a memo makes repeated calls free.
+    `steps` removals need sum_{j < steps} (n - j) evaluations for n candidate layers (all L by
+    default; the first step is the per-layer sensitivity); a memoised objective makes repeated
+    calls free.
     """
-    if not 1 <= steps < num_layers:
-        raise ValueError(f"greedy removal steps must be in [1, {num_layers - 1}], got {steps}")
+    pool = sorted(set(range(num_layers) if candidates is None else candidates))
+    if not 1 <= steps < num_layers or steps > len(pool):
+        raise ValueError(f"greedy removal steps must be in [1, {min(num_layers - 1, len(pool))}], got {steps}")
     path: list[GreedyStep] = []
     removed: list[int] = []
-    total = sum(num_layers - j for j in range(steps))
+    total = sum(len(pool) - j for j in range(steps))
     with tqdm(total=total, desc="greedy removal", disable=not progress) as bar:
         for _ in range(steps):
             candidates = {}
-            for layer in range(num_layers):
+            for layer in pool:
                 if layer in removed:
                     continue
                 candidates[layer] = objective(RoutingMask(removed + [layer], num_layers=num_layers))

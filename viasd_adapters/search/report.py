@@ -87,8 +87,8 @@ def write_report(out_dir: Path, mask: RoutingMask, result: SearchResult, baselin
 
     lines = [f"# {title}", ""]
     lines += ["| | |", "|---|---|"]
-    for key in ("model", "dtype", "budget_text", "cost", "calibration_text", "trials_text", "evaluations",
-                "search_seconds", "date", "command"):
+    for key in ("model", "dtype", "budget_text", "cost", "calibration_text", "candidates_text", "trials_text",
+                "evaluations", "search_seconds", "wall_seconds", "date", "command"):
         if provenance.get(key) is not None:
             lines.append(f"| {key.replace('_text', '')} | {provenance[key]} |")
     lines += ["", "## Found mask vs baselines (calibration text)", "",

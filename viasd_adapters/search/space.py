@@ -50,19 +50,29 @@ def attention_share(model: PreTrainedModel) -> float:
 class MaskSpace:
     """Masks of one budget over a model's L layers, with their hyperopt encoding."""
 
-    def __init__(self, num_layers: int, budget: Budget, attn_share: float = 0.5, model: str | None = None):
+    def __init__(self, num_layers: int, budget: Budget, attn_share: float = 0.5, model: str | None = None,
+                 candidates: list[tuple[str, int]] | None = None):
+        """`candidates`: the blocks the search may skip, e.g. [("layer", 12), ...]; None: all of them."""
         self.num_layers = num_layers
         self.budget = budget
         self.attn_share = attn_share
         self.model = model
         if budget.unit == "layers":
-            self.blocks = [("layer", i) for i in range(num_layers)]
+            blocks = [("layer", i) for i in range(num_layers)]
             if budget.amount >= num_layers:
                 raise ValueError(f"a budget of {budget.amount:g} layers leaves none of the {num_layers} layers")
         else:
-            self.blocks = [(kind, i) for i in range(num_layers) for kind in ("attention", "mlp")]
+            blocks = [(kind, i) for i in range(num_layers) for kind in ("attention", "mlp")]
             if budget.amount > num_layers - 1:
                 raise ValueError(f"a budget of {budget.amount:g} layer-equivalents leaves less than one layer")
+        if candidates is not None:
+            unknown = [b for b in candidates if b not in blocks]
+            if unknown:
+                raise ValueError(f"candidate blocks {unknown} are not blocks of a {budget.unit} search")
+            blocks = [b for b in blocks if b in set(candidates)]
+            if sum(self._cost(kind) for kind, _ in blocks) < budget.amount:
+                raise ValueError(f"the {len(blocks)} candidate blocks cannot meet a budget of {budget.describe()}")
+        self.blocks = blocks
 
     def labels(self) -> list[str]:
         return [f"{kind[0]}{i}" for kind, i in self.blocks]
@@ -75,7 +85,8 @@ class MaskSpace:
 
     def decode(self, scores: dict[str, float]) -> RoutingMask:
         """The mask that skips the highest-scored blocks until the budget is met (ties: lower index)."""
-        order = sorted(range(len(self.blocks)), key=lambda b: (-scores[self.labels()[b]], b))
+        labels = self.labels()
+        order = sorted(range(len(self.blocks)), key=lambda b: (-scores[labels[b]], b))
         layers, attention, mlp = [], [], []
         spent = 0.0
         for b in order:
@@ -95,6 +106,8 @@ class MaskSpace:
     def encode(self, mask: RoutingMask) -> dict[str, float]:
         """Scores that decode to `mask` (for seeding the search with known masks)."""
         skipped = {("layer", i) for i in mask.skip_layers}
+        if not skipped <= set(self.blocks) and self.budget.unit == "layers":
+            raise ValueError(f"{mask.describe()} skips layers outside the search's candidates")
         if self.budget.unit == "blocks":
             skipped = {(k, i) for i in mask.skip_layers for k in ("attention", "mlp")}
             skipped |= {("attention", i) for i in mask.skip_attention} | {("mlp", i) for i in mask.skip_mlp}

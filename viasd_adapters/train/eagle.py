@@ -362,7 +362,7 @@ def train_head(target_model, features: dict, head_cfg: dict, cfg: TrainConfig, o
     head.train()
     batches = _batches(train, cfg.batch_tokens, generator)
     bar = tqdm(total=cfg.steps, initial=step, desc="train", disable=not progress)
-    top1_eval = history[-1]["eval_top1"] if history else float("nan")
+    top1_eval = next((h["eval_top1"] for h in reversed(history) if "eval_top1" in h), float("nan"))
     while step < cfg.steps:
         features_b, tokens, targets, attention, loss_mask = _collate(next(batches))
         vloss, ploss, top1 = _losses(head, lm_head_f32, features_b, tokens, targets, attention, loss_mask, cfg,

@@ -54,6 +54,7 @@ class ToyProposer:
         self.hang_after = hang_after  # sleep for an hour on the call after this many
         self.with_probs = with_probs  # return one-hot distributions
         self.calls = 0
+        self.log: list[tuple[float, int]] = []  # (monotonic time, position) of every draft
 
     @property
     def vocab_size(self) -> int:
@@ -71,6 +72,7 @@ class ToyProposer:
         if self.sleep_s:
             time.sleep(self.sleep_s)
         position = ids.shape[1]
+        self.log.append((time.monotonic(), position))
         token = toy_next(ids[0], self._vocab_size)
         if self.error_every and position % self.error_every == 0:
             token = (token + 1) % self._vocab_size
@@ -91,7 +93,8 @@ class ToyJudge:
         self.vocab_size = vocab_size
         self.sleep_s = sleep_s  # time per judgement (one target forward)
         self.interrupt_on_call = interrupt_on_call  # raise KeyboardInterrupt on this call (1-based)
-        self.blocks: list[int] = []
+        self.blocks: list[int] = []  # K of every call
+        self.log: list[tuple[float, int]] = []  # (monotonic time at return, committed length T) of every call
 
     def judge(self, ids: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor | None) -> Judgement:
         self.blocks.append(tokens.numel())
@@ -105,6 +108,7 @@ class ToyJudge:
             target = toy_next(seq, self.vocab_size)
             if i == K or int(tokens[i]) != target:
                 out = torch.cat([tokens[:i], tokens.new_tensor([target])])
+                self.log.append((time.monotonic(), ids.shape[1]))
                 return Judgement(out, i, K, {"full": min(i + 1, K)})
             seq = torch.cat([seq, tokens[i : i + 1]])
         raise AssertionError("unreachable")

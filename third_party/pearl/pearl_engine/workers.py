@@ -1,10 +1,14 @@
 """Draft workers: the drafter runs beside the target, in a thread or in a process of its own.
 
-Both backends run the same loop (`serve`) and speak the messages of `protocol.py`. The engine
-never blocks without a deadline: every wait polls with a timeout and checks that the worker is
-alive, so a crashed, killed or hung worker becomes a `DraftWorkerError` in the caller. A process
-worker ignores SIGINT (the caller decides what an interrupt means), and exits by itself when its
-parent dies, so it is never orphaned.
+Both backends run the same loop (`serve`) and speak the messages of `protocol.py`. Three shared
+integers steer a running draft without a message round trip (`_Controls`): rounds below
+`cancel_below` are abandoned between two tokens, no draft is made at a position at or past
+`allow_until`, and (process backend) no ring row is overwritten before the engine read it.
+
+The engine never blocks without a deadline: every wait polls with a timeout and checks that the
+worker is alive, so a crashed, killed or hung worker becomes a `DraftWorkerError` in the caller.
+A process worker ignores SIGINT (the caller decides what an interrupt means) and exits by
+itself when its parent dies, so it is never orphaned.
 """
 
 from __future__ import annotations
@@ -39,31 +43,40 @@ from .protocol import (
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.2  # how often a blocked side re-checks that the other side is alive
+_GRACE_S = 5.0  # how long shutdown waits at each step (stop request, terminate, kill)
+_WAIT_S = 0.001  # how often a throttled drafter re-checks its allowance
+_UNLIMITED = 1 << 62
 
 
 class DraftWorkerError(RuntimeError):
     """The draft worker failed, died or stopped answering; it has been shut down."""
 
 
-class _Flag:
-    """An int the engine raises to cancel rounds (same interface as a shared `mp.Value`)."""
+class _Value:
+    """An int with a `.value`, like a shared `mp.Value`, for the thread backend."""
 
-    def __init__(self) -> None:
-        self.value = 0
+    def __init__(self, value: int = 0):
+        self.value = value
+
+
+class _Controls:
+    """Integers the engine writes and the worker reads (plain ints for threads, `mp.Value`s for processes)."""
+
+    def __init__(self, make: Callable[[int], Any]):
+        self.cancel_below = make(0)  # abandon draft rounds with a smaller id
+        self.allow_until = make(_UNLIMITED)  # draft no token at this absolute position or later
+        self.read = make(0)  # ring rows the engine has read (flow control of the probs ring)
 
 
 def serve(
     proposer: Proposer,
     inbox,
     outbox,
-    cancel_below,
+    controls: _Controls,
     emit_probs: Callable[[torch.Tensor | None], tuple[torch.Tensor | None, int | None]],
     parent_alive: Callable[[], bool],
 ) -> None:
-    """The worker loop: answer requests until `Stop`, or until the parent is gone.
-
-    Draft rounds with `round_id < cancel_below.value` are abandoned between two tokens.
-    """
+    """The worker loop: answer requests until `Stop`, or until the parent is gone."""
     outbox.put(Ready())
     while True:
         try:
@@ -76,7 +89,7 @@ def serve(
             if isinstance(request, Stop):
                 return
             if isinstance(request, DraftRequest):
-                _draft(proposer, request, outbox, cancel_below, emit_probs)
+                _draft(proposer, request, outbox, controls, emit_probs, parent_alive)
             elif isinstance(request, ResetRequest):
                 proposer.reset(request.settings)
             elif isinstance(request, StatsRequest):
@@ -88,11 +101,20 @@ def serve(
             return
 
 
-def _draft(proposer: Proposer, request: DraftRequest, outbox, cancel_below, emit_probs) -> None:
+def _draft(proposer, request: DraftRequest, outbox, controls: _Controls, emit_probs, parent_alive) -> None:
     ids = request.prefix[None]  # [1, T]
     produced = 0
-    while produced < request.num_tokens and request.round_id >= cancel_below.value:
+
+    def cancelled() -> bool:
+        return request.round_id < controls.cancel_below.value
+
+    while produced < request.num_tokens and not cancelled():
         position = ids.shape[1]
+        if position >= controls.allow_until.value:  # far enough ahead: wait for the target
+            if not parent_alive():
+                return
+            time.sleep(_WAIT_S)
+            continue
         proposal = proposer.propose(ids, position_seed(request.seed, position))
         if proposal is None:  # the drafter ran dry
             break
@@ -107,16 +129,13 @@ def _draft(proposer: Proposer, request: DraftRequest, outbox, cancel_below, emit
 class DraftWorker(ABC):
     """A running drafter the engine talks to with messages."""
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, controls: _Controls):
         self.timeout_s = timeout_s
+        self.controls = controls
 
     @abstractmethod
     def send(self, message: Any) -> None:
         """Queue a request."""
-
-    @abstractmethod
-    def cancel_below(self, round_id: int) -> None:
-        """Abandon every draft round with an id below `round_id`."""
 
     @property
     @abstractmethod
@@ -128,12 +147,20 @@ class DraftWorker(ABC):
         """Stop the worker and free what it holds; safe to call twice."""
 
     @abstractmethod
-    def _get(self, timeout: float) -> Any:
-        """The next message (raises `queue.Empty` after `timeout` seconds)."""
+    def _get(self, timeout: float | None) -> Any:
+        """The next message (None: without waiting); raises `queue.Empty` when there is none."""
 
     @abstractmethod
     def probs_of(self, message: DraftToken) -> torch.Tensor | None:
         """The [V] distribution a `DraftToken` carries (copied out of shared buffers)."""
+
+    def cancel_below(self, round_id: int) -> None:
+        """Abandon every draft round with an id below `round_id`."""
+        self.controls.cancel_below.value = max(self.controls.cancel_below.value, round_id)
+
+    def allow_until(self, position: int | None) -> None:
+        """Draft no token at absolute `position` or later (None: no limit)."""
+        self.controls.allow_until.value = _UNLIMITED if position is None else position
 
     def receive(self, timeout_s: float | None = None) -> Any:
         """The next message; raises `DraftWorkerError` (and shuts the worker down) when the worker
@@ -141,7 +168,7 @@ class DraftWorker(ABC):
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         while True:
             try:
-                message = self._get(POLL_S)
+                return self._checked(self._get(POLL_S))
             except queue.Empty:
                 if not self.alive:
                     self.close()
@@ -152,11 +179,21 @@ class DraftWorker(ABC):
                         f"the draft worker sent nothing for {timeout_s or self.timeout_s:.0f} s:"
                         " it is hung or far too slow (raise `timeout_s` if drafting is that slow)"
                     ) from None
-                continue
-            if isinstance(message, Failed):
-                self.close()
-                raise DraftWorkerError(f"the drafter raised {message.kind} in the draft worker:\n{message.error}")
-            return message
+
+    def try_receive(self) -> Any | None:
+        """The next message if one is there, else None (never waits)."""
+        try:
+            return self._checked(self._get(None))
+        except queue.Empty:
+            return None
+
+    def _checked(self, message: Any) -> Any:
+        if isinstance(message, Failed):
+            self.close()
+            raise DraftWorkerError(f"the drafter raised {message.kind} in the draft worker:\n{message.error}")
+        if isinstance(message, DraftToken) and message.slot is not None:
+            self.controls.read.value += 1
+        return message
 
     def _exit_reason(self) -> str:
         return "no exception was reported"
@@ -167,16 +204,15 @@ class ThreadDraftWorker(DraftWorker):
     thread counts are per calling thread, so the drafter keeps its own `threads` budget."""
 
     def __init__(self, proposer: Proposer, threads: int | None, timeout_s: float, start_timeout_s: float):
-        super().__init__(timeout_s)
+        super().__init__(timeout_s, _Controls(_Value))
         self._inbox: queue.Queue = queue.Queue()
         self._outbox: queue.Queue = queue.Queue()
-        self._cancel = _Flag()
         main = threading.main_thread()
 
         def run() -> None:
             if threads:
                 torch.set_num_threads(threads)  # this thread's OpenMP budget only
-            serve(proposer, self._inbox, self._outbox, self._cancel, lambda p: (p, None), main.is_alive)
+            serve(proposer, self._inbox, self._outbox, self.controls, lambda p: (p, None), main.is_alive)
 
         self._thread = threading.Thread(target=run, name="pearl-draft", daemon=True)
         self._thread.start()
@@ -186,52 +222,53 @@ class ThreadDraftWorker(DraftWorker):
     def send(self, message):
         self._inbox.put(message)
 
-    def cancel_below(self, round_id):
-        self._cancel.value = max(self._cancel.value, round_id)
-
     @property
     def alive(self):
         return self._thread.is_alive()
 
     def _get(self, timeout):
-        return self._outbox.get(timeout=timeout)
+        return self._outbox.get(timeout=timeout) if timeout is not None else self._outbox.get_nowait()
 
     def probs_of(self, message):
         return message.probs
 
     def close(self):
         if self._thread.is_alive():
-            self._cancel.value = 1 << 62
+            self.controls.cancel_below.value = _UNLIMITED
             self._inbox.put(Stop())
-            self._thread.join(self.timeout_s)
-            if self._thread.is_alive():
-                logger.warning("the draft thread did not stop in %.0f s; it is a daemon and is left behind", self.timeout_s)
+            self._thread.join(_GRACE_S)
+            if self._thread.is_alive():  # a thread cannot be killed; as a daemon it never blocks exit
+                logger.warning("the draft thread did not stop within %.0f s; leaving it behind", _GRACE_S)
 
 
-def _process_main(proposer, inbox, outbox, cancel, ring, threads) -> None:
+def _process_main(proposer, inbox, outbox, controls, ring, threads) -> None:
     """Entry point of a draft process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides
     if threads:
         torch.set_num_threads(threads)
     parent = mp.parent_process()
+    parent_alive = parent.is_alive if parent else (lambda: True)
     slots = ring.shape[0] if ring is not None else 0
-    counter = [0]
+    written = [0]
 
     def emit(probs: torch.Tensor | None):
         if probs is None or ring is None:
             return None, None
-        slot = counter[0] % slots
-        counter[0] += 1
+        # Never overwrite a row the engine has not read yet (it reads messages in order).
+        while written[0] - controls.read.value >= slots - 1 and parent_alive():
+            time.sleep(_WAIT_S)
+        slot = written[0] % slots
+        written[0] += 1
         ring[slot].copy_(probs)
         return None, slot
 
-    serve(proposer, inbox, outbox, cancel, emit, parent.is_alive if parent else (lambda: True))
+    serve(proposer, inbox, outbox, controls, emit, parent_alive)
 
 
-def _shutdown_process(process, inbox, outbox, cancel, grace_s: float) -> None:
+def _shutdown_process(process, inbox, outbox, controls, grace_s: float) -> None:
     """Stop a draft process: ask, then terminate, then kill. Used by `close` and at exit."""
     if process.is_alive():
-        cancel.value = 1 << 62
+        controls.cancel_below.value = _UNLIMITED
         try:
             inbox.put(Stop())
         except (OSError, ValueError):  # the queue is already closed
@@ -254,7 +291,7 @@ class ProcessDraftWorker(DraftWorker):
     The proposer is pickled into the child (torch moves its tensors to shared memory, so the
     weights are not copied twice). Draft distributions come back through a shared ring of
     `ring_slots` x V rows: a [V] tensor per message costs ~10 ms of shared-memory setup, a ring
-    row ~1 ms.
+    row ~1 ms. A drafter that drafts faster than the engine reads waits for free rows.
     """
 
     def __init__(
@@ -266,21 +303,23 @@ class ProcessDraftWorker(DraftWorker):
         ring_slots: int,
         start_method: str = "spawn",
     ):
-        super().__init__(timeout_s)
         ctx = mp.get_context(start_method)
+        super().__init__(timeout_s, _Controls(lambda v: ctx.Value("q", v, lock=False)))
+        if ring_slots < 2:
+            raise ValueError(f"ring_slots must be >= 2, got {ring_slots}")
         self._inbox = ctx.Queue()
         self._outbox = ctx.Queue()
-        self._cancel = ctx.Value("q", 0, lock=False)
-        self._ring = torch.zeros(ring_slots, proposer.vocab_size).share_memory_() if ring_slots else None
+        vocab = proposer.vocab_size
+        self._ring = torch.zeros(ring_slots, vocab).share_memory_() if vocab else None
         self._process = ctx.Process(
             target=_process_main,
-            args=(proposer, self._inbox, self._outbox, self._cancel, self._ring, threads),
+            args=(proposer, self._inbox, self._outbox, self.controls, self._ring, threads),
             name="pearl-draft",
             daemon=True,  # multiprocessing terminates it when this interpreter exits
         )
         self._process.start()
         self._finalizer = weakref.finalize(
-            self, _shutdown_process, self._process, self._inbox, self._outbox, self._cancel, 5.0
+            self, _shutdown_process, self._process, self._inbox, self._outbox, self.controls, _GRACE_S
         )
         ready = self.receive(start_timeout_s)
         assert isinstance(ready, Ready), ready
@@ -292,15 +331,12 @@ class ProcessDraftWorker(DraftWorker):
     def send(self, message):
         self._inbox.put(message)
 
-    def cancel_below(self, round_id):
-        self._cancel.value = max(self._cancel.value, round_id)
-
     @property
     def alive(self):
         return self._process.is_alive()
 
     def _get(self, timeout):
-        return self._outbox.get(timeout=timeout)
+        return self._outbox.get(timeout=timeout) if timeout is not None else self._outbox.get_nowait()
 
     def probs_of(self, message):
         if message.slot is None:

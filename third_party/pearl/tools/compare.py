@@ -101,6 +101,8 @@ def main() -> None:
     ap.add_argument("--draft-dtype", default="bfloat16")
     ap.add_argument("--prompts", type=int, default=5)
     ap.add_argument("--offset", type=int, default=0, help="first question (then every len/prompts-th)")
+    ap.add_argument("--ids", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                    help="question ids to run instead of --prompts/--offset")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--decoders", default="ar@2,sd@2,pearl")
     ap.add_argument("--sd-k", type=int, default=5)
@@ -117,7 +119,11 @@ def main() -> None:
     target = target_loaded.model
     specs = args.decoders.split(",")
     decoders = {spec: build(spec, draft, target, args) for spec in specs}
-    prompts = load_prompts(QUESTIONS, args.prompts, args.offset)
+    if args.ids:
+        every = {p["id"]: p for p in load_prompts(QUESTIONS, 10**6, 0)}
+        prompts = [every[i] for i in args.ids]
+    else:
+        prompts = load_prompts(QUESTIONS, args.prompts, args.offset)
     stop = target_loaded.stop_token_ids
     encoded = [encode_prompt(target_loaded, p["text"]) for p in prompts]
 
@@ -144,6 +150,7 @@ def main() -> None:
                 "mean_accepted_length": s.mean_accepted_length,
                 "tier_counts": dict(s.tier_counts),
                 "calls": {k: v.calls for k, v in s.model_calls.items()},
+                "model_seconds": {k: round(v.seconds, 3) for k, v in s.model_calls.items()},
             }
             if out:
                 out.write(json.dumps({"prompt": prompt["id"], "category": prompt["category"], "decoder": spec, **row[spec]}) + "\n")

@@ -1,0 +1,1 @@
+"""Our integration code for host frameworks (see each folder's README)."""
