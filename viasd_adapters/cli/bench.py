@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ..bench import plots
 from ..bench.harness import BenchSettings, Harness, Method
 from ..bench.report import build_report
-from ..pipeline import build_decoder, load_pair
+from ..pipeline import build_decoder, load_pair, uses_draft_model
 from . import CONFIG_DIR
 
 logger = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def run(cfg: DictConfig) -> BenchOutcome:
     sampling = instantiate(cfg.sampling)
 
     begin = time.perf_counter()
-    needs_draft = any(m.framework.drafter is not None for m in cfg.method.values())
+    needs_draft = any(uses_draft_model(m.framework.drafter, m.verifier) for m in cfg.method.values())
     pair = load_pair(cfg.model_pair, with_draft=needs_draft)
     methods = [Method(name, build_decoder(m.framework, m.verifier, pair)) for name, m in cfg.method.items()]
     load_seconds = time.perf_counter() - begin

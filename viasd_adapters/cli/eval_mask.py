@@ -25,7 +25,16 @@ from omegaconf import DictConfig, OmegaConf
 from ..models import load_model
 from . import CONFIG_DIR
 from ..routing import RoutingMask, format_layers
-from ..search import Budget, CalibrationConfig, MaskMetrics, MaskSpace, attention_share, greedy_removal, open_session
+from ..search import (
+    Budget,
+    CalibrationConfig,
+    MaskMetrics,
+    MaskSpace,
+    attention_share,
+    greedy_removal,
+    open_session,
+    sensitivity,
+)
 from ..search.timing import CostRatio, measure_cost_ratio
 
 logger = logging.getLogger(__name__)
@@ -77,7 +86,12 @@ def run(cfg: DictConfig) -> EvalOutput:
         # Fitted on the calibration split, as the search was; scored on the held-out split.
         fit = open_session(loaded, CalibrationConfig(**OmegaConf.to_container(cfg.greedy_calibration, resolve=True)),
                            cfg.cache_dir, cfg.progress)
-        step = greedy_removal(fit.objective, L, k, cfg.greedy_cost, heldout.model_name, cfg.progress)[-1]
+        pool = None
+        if cfg.get("greedy_candidates"):  # as `viasd-search search.candidates=N`: the N least sensitive layers
+            table = sensitivity(fit.objective, L, progress=cfg.progress)
+            ranked = sorted(range(L), key=lambda i: (table.layer[i].cost(cfg.greedy_cost), i))
+            pool = ranked[: int(cfg.greedy_candidates)]
+        step = greedy_removal(fit.objective, L, k, cfg.greedy_cost, heldout.model_name, cfg.progress, pool)[-1]
         greedy = (step.mask, heldout.objective(step.mask))
 
     timing = []

@@ -144,7 +144,7 @@ def run(cfg: DictConfig) -> SearchOutput:
         installed = mask.to_yaml(routing_dir / f"{cfg.install}.yaml", header)
         docs = docs_dir / str(cfg.install)
         docs.mkdir(parents=True, exist_ok=True)
-        for file in ("report.md", "best_cost.png", "mask.yaml"):
+        for file in ("report.md", "best_cost.png", "trials.jsonl"):
             shutil.copy(out_dir / file, docs / file)
     logger.info("found %s: kl %.4f top1 %.3f -> %s", mask.describe(), best.metrics.kl, best.metrics.top1, mask_path)
     return SearchOutput(mask, result, baselines, mask_path, report_path, installed)

@@ -110,7 +110,8 @@ class TrainResult:
     sequences: int  # training sequences (prompt + answer)
     answer_tokens: int  # positions the loss sees per epoch
     eval_top1: float  # held-out teacher-forced agreement of the head's token with the target's
-    seconds: dict  # per stage, this run and before (resumed runs add up)
+    seconds: dict  # wall time per stage, this run and before (resumed runs add up)
+    cpu_seconds: dict  # CPU time (user + system, this process) per stage, likewise
 
 
 # ----------------------------------------------------------------------------- stage 1: prompts
@@ -422,15 +423,17 @@ def train_eagle_head(loaded: LoadedModel, cfg: EagleTrainingConfig, out_dir: str
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     recipe_path = out_dir / RECIPE
-    seconds = json.loads(recipe_path.read_text()).get("seconds", {}) if resume and recipe_path.is_file() else {}
+    previous = json.loads(recipe_path.read_text()) if resume and recipe_path.is_file() else {}
+    seconds, cpu_seconds = previous.get("seconds", {}), previous.get("cpu_seconds", {})
     if not resume:
         for name in (GENERATIONS, FEATURES, CHECKPOINT):
             (out_dir / name).unlink(missing_ok=True)
 
-    def timed(stage, fn, *args, **kwargs):
-        begin = time.perf_counter()
+    def timed(stage, fn, *args, **kwargs):  # wall and CPU time per stage, added up over resumed runs
+        begin, cpu = time.perf_counter(), time.process_time()
         result = fn(*args, **kwargs)
         seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - begin
+        cpu_seconds[stage] = cpu_seconds.get(stage, 0.0) + time.process_time() - cpu
         return result
 
     prompts = training_prompts(cfg.split)
@@ -446,7 +449,8 @@ def train_eagle_head(loaded: LoadedModel, cfg: EagleTrainingConfig, out_dir: str
         "prompts": [pid for pid, _ in prompts], "sequences": len(features["sequences"]),
         "train_sequences": n_train, "answer_tokens": answer_tokens,
         "total_tokens": sum(len(s["ids"]) for s in features["sequences"]),
-        "steps": steps, "eval_top1": top1, "seconds": seconds, "threads": torch.get_num_threads(),
+        "steps": steps, "eval_top1": top1, "seconds": seconds, "cpu_seconds": cpu_seconds,
+        "threads": torch.get_num_threads(),
         "config": {k: asdict(v) for k, v in (("split", cfg.split), ("data", cfg.data), ("head", cfg.head),
                                             ("train", cfg.train))},
         "head_config": config, "history": history[-5:],
@@ -454,4 +458,4 @@ def train_eagle_head(loaded: LoadedModel, cfg: EagleTrainingConfig, out_dir: str
     save_head(head, config, out_dir, full=True, compact=True,
               metadata={"target": loaded.spec.name, "steps": steps, "eval_top1": round(top1, 4)})
     recipe_path.write_text(json.dumps(recipe, indent=2) + "\n")
-    return TrainResult(out_dir, steps, len(features["sequences"]), answer_tokens, top1, seconds)
+    return TrainResult(out_dir, steps, len(features["sequences"]), answer_tokens, top1, seconds, cpu_seconds)

@@ -148,6 +148,10 @@ class PearlEngine:
         self._in_session = False
         self._last_round_id = 0  # round ids grow across sessions: cancelling is "every id below"
 
+    def start(self) -> None:
+        """Start the draft worker now (else the first session does; a process takes seconds)."""
+        self._ensure_worker()
+
     def _ensure_worker(self) -> DraftWorker:
         if self.worker is not None and self.worker.alive:
             return self.worker

@@ -7,9 +7,11 @@ slow phases of a shared machine hit all decoders alike. Speedups are medians ove
 Decoders, as NAME[@THREADS]:
   ar@N            autoregressive target, N torch threads
   sd@N            SpeculativeDecoder, ModelDrafter + LosslessVerifier, K = --sd-k, N threads
-  pearl           PearlDecoder, process backend (target / draft threads: --pearl-threads)
-  pearl-thread    PearlDecoder, thread backend
-  tiered-sd@N / tiered-pearl   the same with TieredVerifier (slim = target minus --skip-layers)
+  pearl[-thread][-eager][-tiered][:GAMMA]
+                  PearlDecoder: process backend unless -thread, window schedule unless -eager,
+                  LosslessVerifier unless -tiered, gamma = --window unless :GAMMA
+                  (target / draft threads: --pearl-threads)
+  tiered-sd@N     SD with TieredVerifier (slim = target minus --skip-layers)
 
 Example (bf16, 5 prompts, 64 tokens):
   python third_party/pearl/tools/compare.py --prompts 5 --decoders ar@2,ar@1,sd@2,pearl,pearl-thread
@@ -81,12 +83,15 @@ def build(spec: str, draft, target, args):
         return Threaded(AutoregressiveDecoder(target), threads)
     if name in ("sd", "tiered-sd"):
         return Threaded(SpeculativeDecoder(ModelDrafter(draft), verifier(name == "tiered-sd"), args.sd_k), threads)
-    if name in ("pearl", "pearl-thread", "tiered-pearl"):
+    base, _, gamma = name.partition(":")
+    flags = set(base.split("-"))
+    if "pearl" in flags and flags <= {"pearl", "thread", "eager", "tiered"}:
         return PearlDecoder(
             ModelDrafter(draft),
-            verifier(name == "tiered-pearl"),
-            window_size=args.window,
-            backend="thread" if name == "pearl-thread" else "process",
+            verifier("tiered" in flags),
+            window_size=int(gamma) if gamma else args.window,
+            schedule="eager" if "eager" in flags else "window",
+            backend="thread" if "thread" in flags else "process",
             draft_threads=d_threads,
             target_threads=t_threads,
         )
