@@ -7,10 +7,10 @@ import torch
 from transformers import PreTrainedModel
 
 from ..draft.base import DraftBlock
-from ..runner import CallStats, CausalLMRunner
 from ..sampling import Sampler
 from .acceptance import greedy_match, rejection_sample
-from .base import Verdict, Verifier
+from .base import Verdict
+from .lossless import LosslessVerifier
 
 
 def token_deferral(p: torch.Tensor, q: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -25,7 +25,7 @@ def token_deferral(p: torch.Tensor, q: torch.Tensor, alpha: float) -> torch.Tens
     return q.max(-1).values - p.max(-1).values > alpha * tv
 
 
-class SpeculativeCascadeVerifier(Verifier):
+class SpeculativeCascadeVerifier(LosslessVerifier):
     """Lossless speculative decoding against pi_i = q_i if deferred else p_i (lossy w.r.t. q).
 
     Every block costs one full forward, as in plain SD; what changes is how many draft tokens
@@ -35,24 +35,8 @@ class SpeculativeCascadeVerifier(Verifier):
     def __init__(self, target: PreTrainedModel, alpha: float = 0.5, name: str = "target"):
         if alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
-        self.runner = CausalLMRunner(target, name)
+        super().__init__(target, name)
         self.alpha = alpha
-        self.name = name
-
-    @property
-    def vocab_size(self) -> int:
-        return self.runner.vocab_size
-
-    @property
-    def context_length(self) -> int:
-        return self.runner.context_length
-
-    def reset(self) -> None:
-        self.runner.reset()
-
-    @property
-    def stats(self) -> dict[str, CallStats]:
-        return {self.name: self.runner.stats}
 
     def verify(self, input_ids: torch.Tensor, draft: DraftBlock, sampler: Sampler) -> Verdict:
         K = len(draft)
