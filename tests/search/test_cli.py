@@ -59,7 +59,7 @@ def test_search_writes_installs_and_resumes(tmp_path, prompts_file):
         cfg = compose("search", overrides=overrides)
     out = search_cli.run(cfg)
     assert len(out.mask.skip_layers) == 2 and out.mask.num_layers == 4
-    assert len(out.result.trials) == 1 + 3 + 4  # the sensitivity seed, random, TPE
+    assert len(out.result.trials) == 2 + 3 + 4  # the sensitivity and greedy seeds, random, TPE
     # Greedy removal is a baseline: the found mask is at least as good on the calibration text.
     assert out.result.best.metrics.kl <= out.baselines.greedy[-1].metrics.kl + 1e-9
     installed = instantiate(OmegaConf.load(tmp_path / "routing" / "tiny-2l.yaml"))
@@ -72,14 +72,14 @@ def test_search_writes_installs_and_resumes(tmp_path, prompts_file):
 
     # Run again: trials resume from trials.pkl, evaluations come from the store.
     again = search_cli.run(cfg)
-    assert again.result.resumed_from == 8 and again.result.evaluations == 0
+    assert again.result.resumed_from == 9 and again.result.evaluations == 0
     assert again.mask == out.mask
 
 
 def test_eval_mask(tmp_path, prompts_file):
     overrides = tiny_overrides(tmp_path, prompts_file) + [
         "routing=none", "routing.skip_layers=[2]", "num_random=2", "timing.repetitions=2", "timing.warmup=0",
-        "timing.context_tokens=20", f"out_dir={tmp_path}/eval",
+        "timing.context_tokens=20", f"out_dir={tmp_path}/eval", "install=tiny-x", f"docs_dir={tmp_path}/docs",
         f"greedy_calibration.sources=[{{kind: spec_bench, path: '{prompts_file}', num_prompts: 2}}]",
         "greedy_calibration.max_new_tokens=12",
     ]
@@ -92,6 +92,7 @@ def test_eval_mask(tmp_path, prompts_file):
     assert [t.new_tokens for t in out.timing] == [1, 8]
     summary = json.loads(out.path.read_text())
     assert summary["heldout"]["split"] == "heldout" and summary["found"]["num_positions"] > 0
+    assert "greedy removal" in (tmp_path / "docs" / "tiny-x" / "heldout.md").read_text()
     with pytest.raises(ValueError, match="skips nothing"):
         with initialize_config_dir(config_dir=CONF, version_base="1.3"):
             eval_cli.run(compose("eval_mask", overrides=tiny_overrides(tmp_path, prompts_file) + ["routing=none"]))

