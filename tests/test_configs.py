@@ -69,3 +69,17 @@ def test_decoders_build_and_decode_on_the_tiny_pair(framework, verifier):
     )
     _, result = run(cfg)
     assert len(result.tokens) == 6
+
+
+def test_every_benchmark_method_builds_on_the_tiny_pair():
+    from viasd_adapters.pipeline import build_decoder, load_pair
+
+    methods = options("method")
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="bench", overrides=["model_pair=tiny-random", f"method=[{','.join(methods)}]"])
+    pair = load_pair(cfg.model_pair)
+    decoders = {name: build_decoder(m.framework, m.verifier, pair) for name, m in cfg.method.items()}
+    assert set(decoders) == set(methods)
+    # The random-skipping ablation keeps the pair mask's budget.
+    routing, random = instantiate(cfg.routing), decoders["tiered-random"].verifier.slim.model.mask
+    assert len(random.skip_layers) == len(routing.skip_layers) and random.provenance["method"].startswith("random")

@@ -71,3 +71,13 @@ def test_yaml_round_trip_and_hydra(tmp_path):
 def test_unknown_field(tmp_path):
     with pytest.raises(ValueError, match="unknown routing mask field"):
         RoutingMask.from_dict({"skip_layer": [1]})
+
+
+def test_random_like_keeps_the_budget_and_is_seeded():
+    like = dict(skip_layers=[12, 13], skip_attention=[2], skip_mlp=[5, 6], num_layers=28, model="m")
+    a = RoutingMask.random_like(seed=3, **like)
+    assert (len(a.skip_layers), len(a.skip_attention), len(a.skip_mlp)) == (2, 1, 2)
+    assert a == RoutingMask.random_like(seed=3, **like) and a.num_layers == 28
+    assert len({RoutingMask.random_like(seed=s, **like).skips for s in range(5)}) > 1
+    with pytest.raises(ValueError, match="num_layers"):
+        RoutingMask.random_like(skip_layers=[1])

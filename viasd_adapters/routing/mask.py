@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 
@@ -131,6 +132,21 @@ class RoutingMask:
     def none(cls, num_layers: int | None = None) -> RoutingMask:
         """The identity mask: the slim verifier is the full model."""
         return cls(num_layers=num_layers)
+
+    @classmethod
+    def random_like(cls, seed: int = 0, **like: Any) -> RoutingMask:
+        """A mask with the budget of the mask `like` describes (as many skipped layers, attention
+        and MLP sub-blocks) on uniformly random layers: the random-skipping ablation of a searched
+        mask. `like` are `RoutingMask` fields, so a config merges it over a routing config."""
+        mask = cls(**like)
+        if mask.num_layers is None:
+            raise ValueError("random_like needs a mask bound to a model: set its num_layers")
+        rng = np.random.default_rng(seed)
+        order = [int(i) for i in rng.permutation(mask.num_layers)]
+        counts = (len(mask.skip_layers), len(mask.skip_attention), len(mask.skip_mlp))
+        layers, attention, mlp = (order[sum(counts[:k]) : sum(counts[: k + 1])] for k in range(3))
+        return cls(layers, attention, mlp, num_layers=mask.num_layers, model=mask.model,
+                   provenance={"method": f"random, the budget of {mask.describe()}", "seed": seed})
 
     @property
     def skips(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
