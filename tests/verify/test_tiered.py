@@ -7,6 +7,8 @@ from tests.conftest import perturbed
 from tests.decode.test_loops import PROMPT
 from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
 from viasd_adapters.draft import ModelDrafter
+from viasd_adapters.routing import RoutingMask, SlimModel
+from viasd_adapters.runner import CausalLMRunner, common_prefix_length
 from viasd_adapters.sampling import SamplingConfig
 from viasd_adapters.verify import ConfidencePolicy, LosslessVerifier, Tier, TieredVerifier
 
@@ -104,3 +106,105 @@ def test_thresholds_out_of_range_raise(kwargs):
 def test_policy_without_slim_raises(tiny_target):
     with pytest.raises(ValueError, match="needs a slim verifier"):
         TieredVerifier(tiny_target.model, None, ConfidencePolicy())
+
+
+# ----------------------------------------------------------------------------- share_prefix
+
+MASKS = {
+    "layer2": RoutingMask([2]),  # p = 2
+    "layer0": RoutingMask([0]),  # p = 0: nothing to share, the plain runners
+    "attention1": RoutingMask(skip_attention=[1]),  # p = 1, a sub-block mask
+    "mlp2-layer3": RoutingMask([3], skip_mlp=[2]),  # p = 2
+}
+MIXED = ConfidencePolicy(tau_accept=0.15, tau_slim=0.3)  # on the tiny target all three tiers occur
+
+
+def routed(tiny_target, mask, policy=MIXED, share_prefix=True, **kw):
+    model = tiny_target.model
+    return TieredVerifier(model, SlimModel(model, MASKS[mask]), policy, max_unverified=6, share_prefix=share_prefix, **kw)
+
+
+def model_calls(out):
+    return {name: (c.calls, c.tokens) for name, c in out.stats.model_calls.items()}
+
+
+@pytest.mark.parametrize(
+    ("mask", "K", "sampling"),
+    [("layer2", 3, GREEDY), ("layer2", 6, GREEDY), ("layer0", 4, GREEDY), ("attention1", 5, GREEDY),
+     ("mlp2-layer3", 2, GREEDY), ("layer2", 4, SAMPLED), ("attention1", 3, SAMPLED)],
+    ids=lambda v: "sampled" if v is SAMPLED else "greedy" if v is GREEDY else None,
+)
+def test_shared_prefix_changes_no_token_and_no_call(tiny_target, tiny_draft, mask, K, sampling):
+    """Same tokens, tiers, calls and tokens per call as the plain runners; only the layer work of
+    an escalation shrinks (see tests/routing/test_shared_prefix.py)."""
+    def run(share_prefix):
+        verifier = routed(tiny_target, mask, share_prefix=share_prefix)
+        return SpeculativeDecoder(ModelDrafter(tiny_draft), verifier, num_draft_tokens=K).generate(PROMPT, 60, sampling)
+
+    plain, shared = run(False), run(True)
+    assert shared.tokens == plain.tokens
+    assert shared.stats.tier_counts == plain.stats.tier_counts
+    assert model_calls(shared) == model_calls(plain)
+    if sampling is SAMPLED:
+        assert run(True).tokens == shared.tokens
+
+
+def test_shared_prefix_escalations_see_what_a_full_forward_sees(tiny_target, tiny_draft):
+    """Through accepts, rewrites, rejected blocks and a lagging target, every logits call equals a
+    plain forward of its model over the whole sequence."""
+    model = tiny_target.model
+    verifier = routed(tiny_target, "layer2")
+    slim = verifier.slim.view
+    checked = {"slim": 0, "target": 0, "lagging": 0}
+
+    def checking(runner, reference):
+        logits = runner.logits
+
+        def call(ids, m):
+            if ids.shape[1] - m > common_prefix_length(runner.cached_ids, ids[0]):
+                checked["lagging"] += 1
+            got = logits(ids, m)
+            torch.testing.assert_close(got, reference(ids).logits[0, -m:], rtol=1e-4, atol=1e-4)
+            checked[runner.name] += 1
+            return got
+
+        runner.logits = call
+
+    checking(verifier.target, model)
+    checking(verifier.slim, slim)
+    out = decode(tiny_target, tiny_draft, verifier, n=80)
+    counts = out.stats.tier_counts
+    assert counts["accept"] > 0 and counts["slim"] > 0 and counts["full"] > 0
+    assert out.stats.accepted < out.stats.drafted  # some blocks were cut short
+    assert checked["target"] > 0 and checked["slim"] > 0 and checked["lagging"] > 0
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_shared_prefix_everything_escalated_equals_plain_sd(tiny_target, tiny_draft, sampling):
+    plain = decode(tiny_target, tiny_draft, LosslessVerifier(tiny_target.model), sampling)
+    verifier = routed(tiny_target, "layer2", ConfidencePolicy(tau_accept=1.0, tau_slim=1.0))
+    out = decode(tiny_target, tiny_draft, verifier, sampling)
+    assert out.tokens == plain.tokens
+    assert out.stats.model_calls["target"].calls == plain.stats.model_calls["target"].calls
+
+
+def test_shared_prefix_with_a_perfect_slim_verifier_is_ar(tiny_target, tiny_draft):
+    """The identity mask shares every layer (p = L): an escalation is the LM head alone."""
+    model = tiny_target.model
+    ar = AutoregressiveDecoder(model).generate(PROMPT, 60)
+    verifier = TieredVerifier(model, SlimModel(model, RoutingMask.none()), ConfidencePolicy(0.0, 0.0, 0.0),
+                              max_unverified=20, share_prefix=True)
+    assert verifier.shared.num_prefix_layers == 4
+    out = decode(tiny_target, tiny_draft, verifier)
+    assert out.tokens == ar.tokens
+    assert out.stats.model_calls["target"].calls <= 60 // 20 + 1
+
+
+def test_shared_prefix_off_when_nothing_is_shared(tiny_target):
+    model = tiny_target.model
+    no_prefix = routed(tiny_target, "layer0")
+    assert no_prefix.shared is None and isinstance(no_prefix.target, CausalLMRunner)
+    tiers_off = TieredVerifier(model, share_prefix=True)
+    assert tiers_off.shared is None and tiers_off.slim is None
+    with pytest.raises(ValueError, match="a SlimModel"):
+        TieredVerifier(model, model, MIXED, share_prefix=True)

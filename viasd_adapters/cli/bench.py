@@ -23,7 +23,7 @@ from ..bench import plots
 from ..bench.harness import BenchSettings, Harness, Method
 from ..bench.report import build_report
 from ..pipeline import build_decoder, load_pair, uses_draft_model
-from . import CONFIG_DIR
+from . import CONFIG_DIR, set_threads
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +70,7 @@ def run(cfg: DictConfig) -> BenchOutcome:
         roles=OmegaConf.to_container(cfg.roles),
         progress=cfg.progress,
     )
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
+    set_threads(cfg.threads)
     task = instantiate(cfg.task, _convert_="all")
     sampling = instantiate(cfg.sampling)
 

@@ -12,12 +12,13 @@ from omegaconf import DictConfig
 from ..pipeline import encode_prompt, load_pair, uses_draft_model
 from ..search.calibration import PromptSource, select_prompts
 from ..search.thresholds import ThresholdResult, choose, evaluate_thresholds, select_policy_in_pair_config, write_policy
-from . import CONFIG_DIR
+from . import CONFIG_DIR, set_threads
 
 logger = logging.getLogger(__name__)
 
 
 def run(cfg: DictConfig) -> tuple[ThresholdResult, list[ThresholdResult], Path]:
+    set_threads(cfg.runtime.get("threads"))
     pair = load_pair(cfg.model_pair, uses_draft_model(cfg.framework.drafter, cfg.verifier))
     prompts = [
         encode_prompt(pair.target, text, cfg.chat_template)

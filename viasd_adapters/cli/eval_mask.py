@@ -23,7 +23,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ..models import load_model
-from . import CONFIG_DIR
+from . import CONFIG_DIR, set_threads
 from ..routing import RoutingMask, format_layers
 from ..search import (
     Budget,
@@ -55,13 +55,8 @@ class EvalOutput:
                 "top1": statistics.median(m.top1 for _, m in self.random)}
 
 
-def _set_threads(cfg: DictConfig) -> None:
-    if cfg.runtime.get("threads"):
-        torch.set_num_threads(int(cfg.runtime.threads))
-
-
 def run(cfg: DictConfig) -> EvalOutput:
-    _set_threads(cfg)
+    set_threads(cfg.runtime.get("threads"))
     loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))
     mask: RoutingMask = instantiate(cfg.routing, _convert_="all")
     if mask.is_identity:

@@ -21,7 +21,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ..models import load_model
-from . import CONFIG_DIR
+from . import CONFIG_DIR, set_threads
 from ..routing import RoutingMask
 from ..search import (
     Baselines,
@@ -51,14 +51,9 @@ class SearchOutput:
     installed: Path | None  # conf/routing/<install>.yaml when `install` was set
 
 
-def _set_threads(cfg: DictConfig) -> None:
-    if cfg.runtime.get("threads"):
-        torch.set_num_threads(int(cfg.runtime.threads))
-
-
 def run(cfg: DictConfig) -> SearchOutput:
     begin = time.perf_counter()
-    _set_threads(cfg)
+    set_threads(cfg.runtime.get("threads"))
     loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))
     session = open_session(loaded, CalibrationConfig(**OmegaConf.to_container(cfg.calibration, resolve=True)),
                            cfg.cache_dir, cfg.progress)

@@ -11,19 +11,17 @@ import shutil
 from pathlib import Path
 
 import hydra
-import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from . import CONFIG_DIR
+from . import CONFIG_DIR, set_threads
 
 logger = logging.getLogger(__name__)
 
 
 def run(cfg: DictConfig):
     """Train (or, with export.head and export.out set, export) and return the TrainResult / folder."""
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
+    set_threads(cfg.threads)
     from ..models import load_model
 
     if cfg.export.head or cfg.export.out:

@@ -1,6 +1,8 @@
 """Intra-model routing: the routing mask z and the slim verifier u it carves out of the target q."""
 
 from .mask import RoutingMask, format_layers
+from .shared_prefix import SharedPrefixRunner, UpperLayers
 from .slim import FAMILIES, HiddenState, SlimModel
 
-__all__ = ["FAMILIES", "HiddenState", "RoutingMask", "SlimModel", "format_layers"]
+__all__ = ["FAMILIES", "HiddenState", "RoutingMask", "SharedPrefixRunner", "SlimModel", "UpperLayers",
+           "format_layers"]

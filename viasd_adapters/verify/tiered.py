@@ -9,6 +9,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ..draft.base import DraftBlock
+from ..routing.shared_prefix import SharedPrefixRunner
 from ..runner import CallStats, CausalLMRunner, common_prefix_length
 from ..sampling import Sampler
 from .acceptance import lossless_accept
@@ -28,6 +29,10 @@ class TieredVerifier(Verifier):
       3. ESCALATE: one full forward catches up on every token committed without it (its
          cache lags) together with the block, then the lossless rule judges the block.
     With `policy=None` no slim forward runs and this is exactly `LosslessVerifier`.
+
+    With `share_prefix` and a routed slim view, the decoder layers [0, p) the two share run once,
+    in the slim forward, and an escalation runs only the target's layers [p, L) and LM head over
+    the stored layer-p states (`SharedPrefixRunner`): (L - p) / L of a full forward's layer work.
     """
 
     def __init__(
@@ -37,6 +42,7 @@ class TieredVerifier(Verifier):
         policy: TierPolicy | None = None,
         max_unverified: int = 16,
         rejudge: bool = True,
+        share_prefix: bool = False,
     ):
         """
         Args:
@@ -48,6 +54,9 @@ class TieredVerifier(Verifier):
                 past it the full model verifies, which bounds drift.
             rejudge: when the full model runs, it also judges the tokens tier 1 accepted
                 earlier in the same block (free: they are in its forward anyway).
+            share_prefix: escalations reuse the slim forward's layers [0, p) (p: the first layer
+                the mask touches) instead of running the target from layer 0. Needs `slim` to
+                be a `SlimModel` view of `target`; no effect without a policy or when p = 0.
         """
         if policy is not None and slim is None:
             raise ValueError("a tier policy needs a slim verifier: set `slim`")
@@ -55,9 +64,16 @@ class TieredVerifier(Verifier):
             raise ValueError(f"max_unverified must be >= 0, got {max_unverified}")
         self.target = CausalLMRunner(target, "target")
         self.slim = None
+        self.shared = None  # the SharedPrefixRunner behind `target` and `slim` when they share layers
         if policy is not None:
             slim_model = slim if isinstance(slim, nn.Module) else slim(target)
-            self.slim = CausalLMRunner(slim_model, "slim")
+            if share_prefix:
+                shared = SharedPrefixRunner(target, slim_model)
+                if shared.num_prefix_layers > 0:  # p = 0 shares nothing: keep the plain runners
+                    self.shared = shared
+                    self.target, self.slim = shared.target, shared.slim
+            if self.slim is None:
+                self.slim = CausalLMRunner(slim_model, "slim")
             if self.slim.vocab_size != self.target.vocab_size:
                 raise ValueError(
                     f"the slim verifier's vocabulary ({self.slim.vocab_size}) differs from the"
@@ -76,6 +92,9 @@ class TieredVerifier(Verifier):
         return self.target.context_length
 
     def reset(self) -> None:
+        if self.shared is not None:
+            self.shared.reset()
+            return
         self.target.reset()
         if self.slim is not None:
             self.slim.reset()

@@ -1,0 +1,165 @@
+"""The slim view u and the full target q over one sequence, with decoder layers [0, p) run once.
+
+Layers [0, p), p = `SlimModel.num_prefix_layers` (the first layer the mask touches), compute the
+same hidden states and KV in both views. `SharedPrefixRunner` runs them once per token, whichever
+view asks first, into one cache that serves as the full model's layers [0, p), and keeps the
+hidden states entering layer p of every token that a view's upper layers [p, L) have not run
+yet. A view then pays only for its own upper layers and the LM head: an escalation after a slim
+pass costs (L - p) / L of a full forward's layer work, whatever tokens tiers 1-2 committed before
+it (the full model's upper layers catch up on them from the stored states, in the same pass).
+
+    shared = SharedPrefixRunner(target, SlimModel(target, mask))
+    u_logits = shared.slim.logits(sequence, K + 1)    # [K + 1, V]: prefix + slim's upper layers
+    q_logits = shared.target.logits(sequence, K + 1)  # [K + 1, V]: the target's layers [p, L) only
+
+`shared.slim` and `shared.target` are driven like `CausalLMRunner`s: each call gets the whole
+sequence, and every cache (and the stored states) is cropped to what it shares with it first, so
+rejected drafts, rewritten tokens and lagging tokens need no bookkeeping by the caller.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from ..runner import CallStats, common_prefix_length
+from .mask import RoutingMask
+from .slim import HiddenState, SlimModel
+
+
+class UpperLayers:
+    """One view's decoder layers [p, L) and LM head, with their own cache, behind `CausalLMRunner`'s
+    `logits` / `cached_ids` / `stats`. Built by `SharedPrefixRunner`, which owns layers [0, p)."""
+
+    def __init__(self, owner: SharedPrefixRunner, view: SlimModel, name: str):
+        self.owner = owner
+        self.view = view
+        self.name = name
+        self.reset()
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.view.lm_head.weight.shape[0])
+
+    @property
+    def context_length(self) -> int:
+        return int(self.view.config.max_position_embeddings)
+
+    @property
+    def cached_length(self) -> int:
+        return self.cached_ids.numel()
+
+    def reset(self) -> None:
+        """Forget this view's upper layers' cache and its statistics (the shared layers stay)."""
+        self.cache = DynamicCache()  # only layers >= p are ever written
+        self.cached_ids = torch.empty(0, dtype=torch.long, device=self.view.device)  # tokens layers [p, L) hold
+        self.stats = CallStats()
+
+    def crop(self, length: int) -> None:
+        if length < self.cached_length:
+            self.cache.crop(length)
+            self.cached_ids = self.cached_ids[:length]
+
+    def logits(self, input_ids: torch.Tensor, num_positions: int) -> torch.Tensor:
+        """[1, T] sequence -> [m, V] logits of its last m = `num_positions` positions (as `CausalLMRunner`)."""
+        return self.owner.logits(self, input_ids, num_positions)
+
+
+class SharedPrefixRunner:
+    """A slim view and the full target of one target model over one sequence (batch size 1).
+
+    State, with P tokens through the shared layers and S_u, S_q through each view's upper layers:
+      - `prefix_cache` holds layers [0, p) for tokens `prefix_ids` ([P]);
+      - `slim.cache` / `target.cache` hold layers [p, L) for `slim.cached_ids` / `target.cached_ids`,
+        both prefixes of `prefix_ids` (S_u, S_q <= P);
+      - `pending` holds the hidden states entering layer p at positions [min(S_u, S_q), P).
+    """
+
+    def __init__(self, target: PreTrainedModel, slim: SlimModel):
+        """
+        Args:
+            target: the full model q.
+            slim: a routed view of `target` (its own layers, not a copy's).
+        """
+        if not isinstance(slim, SlimModel):
+            raise ValueError(
+                f"sharing the prefix layers needs the slim verifier to be a routed view of the target"
+                f" (a SlimModel), got {type(slim).__name__}: set share_prefix=false for other models"
+            )
+        self.full = SlimModel(target, RoutingMask.none())
+        self.num_prefix_layers = slim.num_prefix_layers
+        if slim.embed_tokens is not self.full.embed_tokens or any(
+            slim.layers[str(i)] is not self.full.layers[str(i)] for i in range(self.num_prefix_layers)
+        ):
+            raise ValueError("the slim verifier is a view of another model than the target: build it from the target")
+        self.slim = UpperLayers(self, slim, "slim")
+        self.target = UpperLayers(self, self.full, "target")
+        self.reset()
+
+    @property
+    def stats(self) -> dict[str, CallStats]:
+        return {v.name: v.stats for v in (self.target, self.slim)}
+
+    def reset(self) -> None:
+        """Start a new sequence: forget every cache, the stored states and both views' statistics."""
+        self.prefix_cache = DynamicCache()  # layers [0, p) only
+        self.prefix_ids = torch.empty(0, dtype=torch.long, device=self.full.device)
+        self.pending: HiddenState | None = None
+        self.slim.reset()
+        self.target.reset()
+
+    @torch.no_grad()
+    def logits(self, upper: UpperLayers, input_ids: torch.Tensor, num_positions: int) -> torch.Tensor:
+        """Logits of `upper`'s view at the last `num_positions` positions of `input_ids`.
+
+        Args:
+            upper: `self.slim` or `self.target`.
+            input_ids: [1, T] the whole sequence so far.
+            num_positions: m, 1 <= m <= T.
+        Returns:
+            [m, V] float logits; row i scores the token after position T - m + i.
+        """
+        B, T = input_ids.shape
+        assert B == 1 and 1 <= num_positions <= T and upper in (self.slim, self.target)
+        ids = input_ids[0]
+        begin = time.perf_counter()
+
+        # 1. roll back to what the caches share with `ids`; this view recomputes its last m positions
+        shared = common_prefix_length(self.prefix_ids, ids)
+        keep = min(upper.cached_length, shared, T - num_positions)
+        pending_start = self.pending.start if self.pending is not None else self.prefix_ids.numel()
+        if keep < pending_start:  # the layer-p states before `pending_start` were dropped: recompute them
+            shared = keep
+        self._crop_prefix(shared)
+        self.slim.crop(shared)
+        self.target.crop(shared)
+        upper.crop(keep)
+
+        # 2. shared layers [0, p) over the tokens they lack (nothing when the other view ran them)
+        if shared < T:
+            state = self.full.run_layers(self.full.embed(ids[None, shared:], shared), self.prefix_cache,
+                                         stop=self.num_prefix_layers)
+            self.pending = state if self.pending is None else self.pending.cat(state)
+            self.prefix_ids = ids.clone()
+
+        # 3. this view's layers [p, L) over its lagging tokens and the new ones, then its head
+        state = upper.view.run_layers(self.pending.positions(keep), upper.cache)
+        logits = upper.view.head(state, num_positions)[0]  # [m, V]
+        upper.cached_ids = ids.clone()
+
+        # 4. the other view may still lag: keep the states its upper layers have not run
+        lag = min(self.slim.cached_length, self.target.cached_length)
+        self.pending = self.pending.positions(lag) if lag < T else None
+        if logits.device.type == "cuda":
+            torch.cuda.synchronize(logits.device)
+        upper.stats.add(T - keep, time.perf_counter() - begin)
+        return logits
+
+    def _crop_prefix(self, length: int) -> None:
+        if length < self.prefix_ids.numel():
+            self.prefix_cache.crop(length)
+            self.prefix_ids = self.prefix_ids[:length]
+        if self.pending is not None:
+            self.pending = self.pending.positions(self.pending.start, length) if self.pending.start < length else None
