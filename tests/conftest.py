@@ -27,6 +27,21 @@ def perturbed(model: torch.nn.Module, scale: float, seed: int = 1) -> torch.nn.M
     return draft
 
 
+@torch.no_grad()
+def exact_marginals(model: torch.nn.Module, prompt: torch.Tensor, steps: int) -> torch.Tensor:
+    """[steps, V]: the exact marginal of each of the first `steps` tokens sampled (temperature 1)
+    after `prompt` [1, T], by enumerating all V ** (steps - 1) continuations."""
+    prefixes, weights, marginals = prompt, torch.ones(1), []  # [B, T], [B]
+    for step in range(steps):
+        q = torch.cat([torch.softmax(model(b).logits[:, -1], -1) for b in prefixes.split(4096)])  # [B, V]
+        marginals.append(weights @ q)
+        if step + 1 < steps:
+            V = q.shape[1]
+            weights = (weights[:, None] * q).reshape(-1)  # row b * V + v: prefix b, then token v
+            prefixes = torch.cat([prefixes.repeat_interleave(V, 0), torch.arange(V).repeat(len(prefixes))[:, None]], 1)
+    return torch.stack(marginals)
+
+
 @pytest.fixture(scope="session")
 def tiny_target() -> LoadedModel:
     return tiny(seed=0)

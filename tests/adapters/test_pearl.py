@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 
 from pearl_engine import DraftWorkerError, PearlConfig, PearlEngine
 from pearl_engine.testing import ToyJudge, ToyProposer, toy_reference
-from tests.conftest import perturbed, tiny
+from tests.conftest import exact_marginals, perturbed, tiny
 from tests.decode.test_loops import PROMPT
 from viasd_adapters.adapters.pearl import PearlDecoder
 from viasd_adapters.decode import AutoregressiveDecoder
@@ -303,16 +303,9 @@ def test_pearl_sampling_reproduces_the_target_distribution(schedule):
     target = tiny(seed=0, num_layers=2, init_std=0.5).model
     draft = perturbed(target, scale=0.1, seed=5)
     N = 1500
-    with torch.no_grad():
-        q1 = torch.softmax(target(PROMPT).logits[0, -1], -1)  # [V]
-        V = q1.numel()
-        one = torch.cat([PROMPT.expand(V, -1), torch.arange(V)[:, None]], dim=1)  # [V, T + 1]
-        q2 = torch.softmax(target(one).logits[:, -1], -1)  # [V, V]
-        two = torch.cat([one.repeat_interleave(V, 0), torch.arange(V).repeat(V)[:, None]], dim=1)
-        q3 = torch.cat([torch.softmax(target(b).logits[:, -1], -1) for b in two.split(4096)])  # [V * V, V]
-        p1 = torch.softmax(draft(PROMPT).logits[0, -1], -1)
-    exact2 = q1 @ q2  # [V]
-    exact3 = (q1[:, None] * q2).reshape(-1) @ q3  # [V]
+    q1, exact2, exact3 = exact_marginals(target, PROMPT, 3)  # [V] each
+    p1 = exact_marginals(draft, PROMPT, 1)[0]
+    V = q1.numel()
     decoder = pearl(draft, LosslessVerifier(target), window=2, schedule=schedule)
     counts2, counts3 = torch.zeros(V), torch.zeros(V)
     judged = 0

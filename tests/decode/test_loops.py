@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from tests.conftest import perturbed, tiny
+from tests.conftest import exact_marginals, perturbed, tiny
 from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
 from viasd_adapters.draft import ModelDrafter
 from viasd_adapters.sampling import SamplingConfig
@@ -51,13 +51,9 @@ def test_sd_sampling_reproduces_the_target_distribution():
     target = tiny(seed=0, num_layers=2, init_std=0.5).model
     draft = perturbed(target, scale=0.1, seed=5)
     N = 1500
-    with torch.no_grad():
-        q1 = torch.softmax(target(PROMPT).logits[0, -1], -1)  # [V]
-        V = q1.numel()
-        branches = torch.cat([PROMPT.expand(V, -1), torch.arange(V)[:, None]], dim=1)
-        q2 = torch.softmax(target(branches).logits[:, -1], -1)  # [V, V]
-        p1 = torch.softmax(draft(PROMPT).logits[0, -1], -1)
-    exact = q1 @ q2  # marginal of the 2nd token
+    q1, exact = exact_marginals(target, PROMPT, 2)  # [V] each: the 1st and 2nd token's marginals
+    p1 = exact_marginals(draft, PROMPT, 1)[0]
+    V = q1.numel()
     decoder = sd(draft, target, k=3)
     counts = torch.zeros(V)
     for seed in range(N):

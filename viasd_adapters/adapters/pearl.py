@@ -14,7 +14,7 @@ from collections import Counter
 
 import torch
 
-from ..decode.loops import Decoder, GenerationResult, _Progress
+from ..decode.loops import Decoder, GenerationResult, _Progress, check_same_vocabulary
 from ..decode.stats import DecodeStats
 from ..draft.base import DraftBlock, Drafter
 from ..runner import CallStats
@@ -129,12 +129,7 @@ class PearlDecoder(Decoder):
             timeout_s: longest wait for one message from the draft worker.
             start_timeout_s: longest wait for a new draft worker to be ready.
         """
-        if drafter.vocab_size not in (None, verifier.vocab_size):
-            raise ValueError(
-                f"the drafter's vocabulary ({drafter.vocab_size}) differs from the target's"
-                f" ({verifier.vocab_size}): draft and target must share one tokenizer;"
-                " pick a draft model of the target's family"
-            )
+        check_same_vocabulary(drafter, verifier)
         self.drafter = drafter
         self.verifier = verifier
         self.config = PearlConfig(

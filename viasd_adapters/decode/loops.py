@@ -111,18 +111,23 @@ class AutoregressiveDecoder(Decoder):
         return GenerationResult(progress.new_tokens, stats)
 
 
+def check_same_vocabulary(drafter: Drafter, verifier: Verifier) -> None:
+    """Raise early when draft tokens would be ids of another tokenizer than the verifier's."""
+    if drafter.vocab_size not in (None, verifier.vocab_size):
+        raise ValueError(
+            f"the drafter's vocabulary ({drafter.vocab_size}) differs from the target's"
+            f" ({verifier.vocab_size}): draft and target must share one tokenizer;"
+            " pick a draft model of the target's family"
+        )
+
+
 class SpeculativeDecoder(Decoder):
     """Draft-then-verify decoding; lossless when the verifier is."""
 
     def __init__(self, drafter: Drafter, verifier: Verifier, num_draft_tokens: int = 5):
         if num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
-        if drafter.vocab_size not in (None, verifier.vocab_size):
-            raise ValueError(
-                f"the drafter's vocabulary ({drafter.vocab_size}) differs from the target's"
-                f" ({verifier.vocab_size}): draft and target must share one tokenizer;"
-                " pick a draft model of the target's family"
-            )
+        check_same_vocabulary(drafter, verifier)
         self.drafter = drafter
         self.verifier = verifier
         self.num_draft_tokens = num_draft_tokens
