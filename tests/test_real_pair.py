@@ -20,3 +20,22 @@ def test_greedy_sd_is_token_identical_to_ar_fp32(ar_output):
     assert "def " in text  # a real model wrote code, not noise
     assert sd.stats.acceptance_rate > 0.3
     assert sd.stats.model_calls["target"].calls < ar.stats.model_calls["target"].calls
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["verifier.policy=null"],  # the slim tier off
+        ["policy.tau_accept=1.0", "policy.tau_slim=1.0"],  # the slim verifier runs, everything escalates
+        ["policy.tau_accept=1.0", "policy.tau_slim=1.0", "verifier.share_prefix=true"],  # ... reusing its prefix
+    ],
+    ids=["slim-off", "all-escalate", "all-escalate-shared-prefix"],
+)
+def test_tiered_reductions_equal_greedy_ar_fp32(ar_output, overrides):
+    """VIA-SD with the Qwen pair's DIMR mask reduces to lossless SD, hence to AR in fp32."""
+    _, ar = ar_output
+    _, tiered = run(compose_generate(PROMPT, "framework=sd", "verifier=tiered", "max_new_tokens=32", *overrides))
+    assert tiered.tokens == ar.tokens
+    slim_calls = tiered.stats.model_calls["slim"].calls if "slim" in tiered.stats.model_calls else 0
+    assert (slim_calls == 0) == ("verifier.policy=null" in overrides)
+    assert set(tiered.stats.tier_counts) <= {"full"}
