@@ -154,7 +154,7 @@ def test_shared_prefix_escalations_see_what_a_full_forward_sees(tiny_target, tin
     plain forward of its model over the whole sequence."""
     model = tiny_target.model
     verifier = routed(tiny_target, "layer2")
-    slim = verifier.slim.view
+    slim = verifier.slim.model
     checked = {"slim": 0, "target": 0, "lagging": 0}
 
     def checking(runner, reference):

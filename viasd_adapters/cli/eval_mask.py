@@ -84,8 +84,7 @@ def run(cfg: DictConfig) -> EvalOutput:
         pool = None
         if cfg.get("greedy_candidates"):  # as `viasd-search search.candidates=N`: the N least sensitive layers
             table = sensitivity(fit.objective, L, progress=cfg.progress)
-            ranked = sorted(range(L), key=lambda i: (table.layer[i].cost(cfg.greedy_cost), i))
-            pool = ranked[: int(cfg.greedy_candidates)]
+            pool = sorted(i for _, i in table.least_sensitive("layers", int(cfg.greedy_candidates), cfg.greedy_cost))
         step = greedy_removal(fit.objective, L, k, cfg.greedy_cost, heldout.model_name, cfg.progress, pool)[-1]
         greedy = (step.mask, heldout.objective(step.mask))
 

@@ -71,7 +71,7 @@ def run(cfg: DictConfig) -> SearchOutput:
     if cfg.search.get("candidates"):
         if baselines.sensitivity is None:
             raise ValueError("search.candidates needs search.baselines.sensitivity=true")
-        candidates = _least_sensitive(baselines.sensitivity, budget.unit, int(cfg.search.candidates), search_cfg.cost)
+        candidates = baselines.sensitivity.least_sensitive(budget.unit, int(cfg.search.candidates), search_cfg.cost)
     space = MaskSpace(L, budget, share, name, candidates)
     greedy_steps = int(cfg.search.baselines.greedy or 0)
     if greedy_steps:
@@ -152,17 +152,6 @@ def _unique(trials):
             seen.add(t.mask.skips)
             out.append(t)
     return out
-
-
-def _least_sensitive(table, unit: str, count: int, cost: str) -> list[tuple[str, int]]:
-    """The `count` blocks whose removal alone costs least (layers, or attention / MLP sub-blocks)."""
-    if unit == "layers":
-        blocks = [("layer", i, m) for i, m in enumerate(table.layer)]
-    else:
-        blocks = [(kind, i, m) for kind, rows in (("attention", table.attention), ("mlp", table.mlp))
-                  for i, m in enumerate(rows)]
-    ranked = sorted(blocks, key=lambda b: (b[2].cost(cost), b[1]))
-    return [(kind, i) for kind, i, _ in ranked[:count]]
 
 
 def _seed_masks(kinds: list[str], space: MaskSpace, baselines: Baselines, cost: str) -> list[RoutingMask]:

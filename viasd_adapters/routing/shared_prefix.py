@@ -24,43 +24,19 @@ import time
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from ..runner import CallStats, common_prefix_length
+from ..runner import CallStats, CausalLMRunner, common_prefix_length
 from .mask import RoutingMask
 from .slim import HiddenState, SlimModel
 
 
-class UpperLayers:
-    """One view's decoder layers [p, L) and LM head, with their own cache, behind `CausalLMRunner`'s
-    `logits` / `cached_ids` / `stats`. Built by `SharedPrefixRunner`, which owns layers [0, p)."""
+class UpperLayers(CausalLMRunner):
+    """One view's decoder layers [p, L) and LM head behind `CausalLMRunner`'s interface: its
+    `cache` holds only layers >= p and `cached_ids` the tokens those layers hold. Built by
+    `SharedPrefixRunner`, which owns layers [0, p) and computes the logits."""
 
     def __init__(self, owner: SharedPrefixRunner, view: SlimModel, name: str):
         self.owner = owner
-        self.view = view
-        self.name = name
-        self.reset()
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.view.lm_head.weight.shape[0])
-
-    @property
-    def context_length(self) -> int:
-        return int(self.view.config.max_position_embeddings)
-
-    @property
-    def cached_length(self) -> int:
-        return self.cached_ids.numel()
-
-    def reset(self) -> None:
-        """Forget this view's upper layers' cache and its statistics (the shared layers stay)."""
-        self.cache = DynamicCache()  # only layers >= p are ever written
-        self.cached_ids = torch.empty(0, dtype=torch.long, device=self.view.device)  # tokens layers [p, L) hold
-        self.stats = CallStats()
-
-    def crop(self, length: int) -> None:
-        if length < self.cached_length:
-            self.cache.crop(length)
-            self.cached_ids = self.cached_ids[:length]
+        super().__init__(view, name)
 
     def logits(self, input_ids: torch.Tensor, num_positions: int) -> torch.Tensor:
         """[1, T] sequence -> [m, V] logits of its last m = `num_positions` positions (as `CausalLMRunner`)."""
@@ -145,8 +121,8 @@ class SharedPrefixRunner:
             self.prefix_ids = ids.clone()
 
         # 3. this view's layers [p, L) over its lagging tokens and the new ones, then its head
-        state = upper.view.run_layers(self.pending.positions(keep), upper.cache)
-        logits = upper.view.head(state, num_positions)[0]  # [m, V]
+        state = upper.model.run_layers(self.pending.positions(keep), upper.cache)
+        logits = upper.model.head(state, num_positions)[0]  # [m, V]
         upper.cached_ids = ids.clone()
 
         # 4. the other view may still lag: keep the states its upper layers have not run

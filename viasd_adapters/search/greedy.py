@@ -21,6 +21,17 @@ class Sensitivity:
     attention: list[MaskMetrics] | None = None  # [L] only layer i's attention skipped
     mlp: list[MaskMetrics] | None = None  # [L] only layer i's MLP skipped
 
+    def least_sensitive(self, unit: str, count: int, cost: str) -> list[tuple[str, int]]:
+        """The `count` blocks whose removal alone costs least: ("layer", i) for unit "layers",
+        else ("attention", i) / ("mlp", i); ties go to the lower layer."""
+        if unit == "layers":
+            blocks = [("layer", i, m) for i, m in enumerate(self.layer)]
+        else:
+            blocks = [(kind, i, m) for kind, rows in (("attention", self.attention), ("mlp", self.mlp))
+                      for i, m in enumerate(rows)]
+        ranked = sorted(blocks, key=lambda b: (b[2].cost(cost), b[1]))
+        return [(kind, i) for kind, i, _ in ranked[:count]]
+
 
 def sensitivity(objective: Objective, num_layers: int, sub_blocks: bool = False, progress: bool = True) -> Sensitivity:
     """Evaluate every single-layer (and, with `sub_blocks`, single sub-block) mask."""
