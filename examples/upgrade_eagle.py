@@ -2,36 +2,29 @@
 
     python examples/upgrade_eagle.py                      # SmolLM2-135M-Instruct and the shipped head
     python examples/upgrade_eagle.py --routing PATH.yaml  # another routing mask (viasd-search writes them)
-
-Run from the repository root (it imports `third_party.eagle`).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for third_party/
-
-from viasd_adapters.models.offline import ensure_cached  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
+from viasd_adapters.hosts.eagle.adapter import SHIPPED_HEADS, resolve_routing
+from viasd_adapters.models.offline import ensure_cached
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default=str(ensure_cached("smollm2-135m-instruct")), help="target folder")
-    parser.add_argument("--head", default=str(REPO / "artifacts/eagle/smollm2-135m-instruct"), help="EAGLE head folder")
-    parser.add_argument("--routing", default=str(REPO / "conf/routing/smollm2-135m-2l.yaml"),
-                        help="routing mask YAML (default: the DIMR-searched SmolLM2 mask, layers 3 and 5)")
+    parser.add_argument("--head", default=str(SHIPPED_HEADS / "smollm2-135m-instruct"), help="EAGLE head folder")
+    parser.add_argument("--routing", default="smollm2-135m-2l",
+                        help="routing mask: a YAML path or a shipped mask's name (default: the DIMR-searched SmolLM2 mask, layers 3 and 5)")
     parser.add_argument("--prompt", default="Explain in two sentences why the sky is blue.")
     args = parser.parse_args()
 
-    # --- an existing deployment (eagle-llm; our loader also fixes non-Llama targets, see third_party/eagle) ---
-    from third_party.eagle import load_ea_model
+    # --- an existing deployment (eagle-llm; our loader also fixes non-Llama targets, see viasd_adapters/hosts/eagle) ---
+    from viasd_adapters.hosts.eagle import load_ea_model
 
     model = load_ea_model(args.base, args.head, dtype=torch.float32)  # or: EaModel.from_pretrained(...).eval()
     ids = model.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}],
@@ -39,11 +32,11 @@ def main() -> None:
     stock = model.eagenerate(ids, temperature=0.0, max_new_tokens=64)
 
     # --- the upgrade: wrap the same EaModel; eagenerate keeps its signature ---
-    from viasd_adapters.adapters.eagle import TieredEagle
+    from viasd_adapters.hosts.eagle.adapter import TieredEagle
     from viasd_adapters.routing import RoutingMask
     from viasd_adapters.verify import ConfidencePolicy
 
-    model = TieredEagle(model, routing=RoutingMask.from_yaml(args.routing),
+    model = TieredEagle(model, routing=RoutingMask.from_yaml(resolve_routing(args.routing)),
                         policy=ConfidencePolicy(tau_accept=0.9, tau_slim=0.9))
     tiered = model.eagenerate(ids, temperature=0.0, max_new_tokens=64)
 

@@ -7,8 +7,9 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from viasd_adapters.models import ModelSpec
+from viasd_adapters.conf import CONFIG_DIR
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(CONFIG_DIR)
 
 
 def options(group: str) -> list[str]:

@@ -12,8 +12,9 @@ from hydra.utils import instantiate
 
 from viasd_adapters.bench.harness import rotated
 from viasd_adapters.cli.bench import run
+from viasd_adapters.conf import CONFIG_DIR
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = Path(CONFIG_DIR)
 PROMPTS = [
     {"question_id": 1, "category": "translation", "turns": ["Translate German to English: Guten Morgen"], "reference": ["Good morning"]},
     {"question_id": 2, "category": "translation", "turns": ["Translate German to English: Danke schoen"], "reference": "Thank you"},

@@ -12,8 +12,9 @@ from viasd_adapters.cli import eval_mask as eval_cli
 from viasd_adapters.cli import search as search_cli
 from viasd_adapters.routing import RoutingMask
 from viasd_adapters.search.calibration import select_prompts, PromptSource
+from viasd_adapters.conf import CONFIG_DIR
 
-CONF = str(Path(__file__).resolve().parents[2] / "conf")
+CONF = CONFIG_DIR
 
 
 @pytest.fixture

@@ -1,11 +1,7 @@
 """Console entry points: thin `@hydra.main` wrappers around plain `run(cfg)` functions."""
-
-from pathlib import Path
-
 import torch
 
-# Absolute, so console scripts find the repository's conf/ whatever their working directory.
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+from ..conf import CONFIG_DIR  # noqa: F401  (re-exported for the entry points)
 
 
 def set_threads(threads: int | None) -> None:

@@ -1,7 +1,7 @@
 """`viasd-train-eagle`: train an EAGLE draft head for the model pair's target (or export one).
 
     viasd-train-eagle model_pair=smollm2-135m ship=true
-    viasd-train-eagle export.head=artifacts/eagle/smollm2-135m-instruct export.out=/tmp/eagle-head
+    viasd-train-eagle export.head=smollm2-135m-instruct export.out=/tmp/eagle-head
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ def run(cfg: DictConfig):
 
 def export(cfg: DictConfig) -> Path:
     """eagle-llm's format (config.json + pytorch_model.bin) of a head, with the target's embeddings."""
-    from third_party.eagle import export_head
+    from viasd_adapters.hosts.eagle import export_head
 
-    from ..adapters.eagle import resolve_head
+    from ..hosts.eagle.adapter import resolve_head
     from ..models import load_model
 
     loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))

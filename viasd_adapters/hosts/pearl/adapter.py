@@ -1,4 +1,4 @@
-"""PEARL as a `Decoder`: the engine of `third_party/pearl` with the project's drafter and verifier.
+"""PEARL as a `Decoder`: the engine of this package with the project's drafter and verifier.
 
 The engine runs the drafter in a draft worker (a process or a thread) and calls the target side
 in this process. The target side is any `Verifier`: `LosslessVerifier` gives plain PEARL, and
@@ -14,20 +14,15 @@ from collections import Counter
 
 import torch
 
-from ..decode.loops import Decoder, GenerationResult, _Progress, check_same_vocabulary
-from ..decode.stats import DecodeStats
-from ..draft.base import DraftBlock, Drafter
-from ..runner import CallStats
-from ..sampling import Sampler, SamplingConfig
-from ..verify.base import Verdict, Verifier
+from ...decode.loops import Decoder, GenerationResult, _Progress, check_same_vocabulary
+from ...decode.stats import DecodeStats
+from ...draft.base import DraftBlock, Drafter
+from ...runner import CallStats
+from ...sampling import Sampler, SamplingConfig
+from ...verify.base import Verdict, Verifier
 
-try:
-    from pearl_engine import Judgement, PearlConfig, PearlEngine
-except ImportError as err:  # pragma: no cover - an install problem, not a code path
-    raise ImportError(
-        "the PEARL engine (package `pearl_engine`, in third_party/pearl) is not importable:"
-        " reinstall the project (`pip install -e .`) so its packages.find picks it up"
-    ) from err
+from .engine import PearlConfig, PearlEngine
+from .protocol import Judgement
 
 logger = logging.getLogger(__name__)
 

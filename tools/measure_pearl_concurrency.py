@@ -10,7 +10,7 @@ This script times that round, interleaved over repetitions (medians), in five wa
   proc-N  as proc-1 with all cores in each process (oversubscribed)
 
 Usage:
-  python third_party/pearl/tools/measure_concurrency.py --draft qwen2.5-coder-0.5b-instruct \
+  python tools/measure_pearl_concurrency.py --draft qwen2.5-coder-0.5b-instruct \
       --target qwen2.5-coder-1.5b-instruct --dtype bfloat16 --block 5 --reps 8
 """
 

@@ -6,7 +6,7 @@ Two folder formats, both with eagle-llm's `config.json`:
   reads only this.
 * compact (`head.safetensors`): the trained tensors only, in float16. The embeddings are the
   target's and are shared with it at load time. This is what the repository ships
-  (`artifacts/eagle/`); `export_head` writes the eagle-llm format from it.
+  (`viasd_adapters/hosts/eagle/heads/`); `export_head` writes the eagle-llm format from it.
 """
 
 from __future__ import annotations

@@ -9,25 +9,24 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from pearl_engine import DraftWorkerError, PearlConfig, PearlEngine
-from pearl_engine.testing import ToyJudge, ToyProposer, toy_reference
+from viasd_adapters.hosts.pearl import DraftWorkerError, PearlConfig, PearlEngine
+from viasd_adapters.hosts.pearl.testing import ToyJudge, ToyProposer, toy_reference
 from tests.conftest import exact_marginals, perturbed, tiny
 from tests.decode.test_loops import PROMPT
-from viasd_adapters.adapters.pearl import PearlDecoder
+from viasd_adapters.hosts.pearl.adapter import PearlDecoder
 from viasd_adapters.decode import AutoregressiveDecoder
 from viasd_adapters.draft import ModelDrafter
 from viasd_adapters.pipeline import build_decoder, load_pair
 from viasd_adapters.sampling import SamplingConfig
 from viasd_adapters.verify import ConfidencePolicy, LosslessVerifier, TieredVerifier
+from viasd_adapters.conf import CONFIG_DIR
 
-ROOT = Path(__file__).resolve().parents[2]
 TOY_PROMPT = torch.tensor([[3, 5, 7]])
 SAMPLED = SamplingConfig(temperature=1.0, seed=11)
 
@@ -200,8 +199,8 @@ def test_a_hung_worker_times_out():
 _ORPHAN_SCRIPT = textwrap.dedent(
     """
     import signal, sys, time, torch
-    from pearl_engine import PearlConfig, PearlEngine
-    from pearl_engine.testing import ToyJudge, ToyProposer
+    from viasd_adapters.hosts.pearl import PearlConfig, PearlEngine
+    from viasd_adapters.hosts.pearl.testing import ToyJudge, ToyProposer
 
     if __name__ == "__main__":
         # As in a terminal: a job started in the background of a non-interactive shell (CI
@@ -352,7 +351,7 @@ def test_tiered_pearl_uses_the_slim_tier(tiny_target, tiny_draft):
 
 
 def test_framework_pearl_composes_with_a_pair_and_equals_ar():
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(
             config_name="generate",
             overrides=["model_pair=tiny-random", "framework=pearl", "verifier=full", "framework.decoder.backend=thread"],

@@ -1,8 +1,8 @@
 """Stock EAGLE vs VIA-SD (tiered) EAGLE vs AR on the same target, head and prompts; interleaved.
 
-    python third_party/eagle/tools/measure_eagle.py --routing outputs/search/.../mask.yaml --reps 3
-    python third_party/eagle/tools/measure_eagle.py --model qwen2.5-coder-1.5b-instruct \
-        --routing conf/routing/qwen2.5-coder-1.5b-4l.yaml --reps 1 --taus 0.9 0.6
+    python tools/compare_eagle.py --routing outputs/search/.../mask.yaml --reps 3
+    python tools/compare_eagle.py --model qwen2.5-coder-1.5b-instruct \
+        --routing qwen2.5-coder-1.5b-4l --reps 1 --taus 0.9 0.6
 
 Per prompt and repetition every method decodes once, in an order rotated by (prompt + rep) so that
 machine drift hits all alike. Reported: token identity of our adapter (slim tier off) with stock
@@ -15,17 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[3]  # the repository
-sys.path.insert(0, str(ROOT))
-
-from third_party.eagle import ea_model_from_target  # noqa: E402
-from viasd_adapters.adapters.eagle import EagleDecoder, TieredEagle, resolve_head  # noqa: E402
+from viasd_adapters.hosts.eagle import ea_model_from_target  # noqa: E402
+from viasd_adapters.hosts.eagle.adapter import (  # noqa: E402
+    SHIPPED_HEADS,
+    EagleDecoder,
+    TieredEagle,
+    resolve_head,
+    resolve_routing,
+)
 from viasd_adapters.bench.tasks import read_prompts_file  # noqa: E402
 from viasd_adapters.decode import AutoregressiveDecoder  # noqa: E402
 from viasd_adapters.models import ModelSpec, load_model  # noqa: E402
@@ -68,10 +70,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--head", default=None,
-                   help="default: artifacts/eagle/<model> (shipped), else outputs/eagle/<model> (viasd-train-eagle's)")
+                   help="default: the head the package ships for <model>, else outputs/eagle/<model> (viasd-train-eagle's)")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--routing", default="conf/routing/smollm2-135m-2l.yaml",
-                   help="routing mask YAML (the default is SmolLM2's; other targets need their own)")
+    p.add_argument("--routing", default="smollm2-135m-2l",
+                   help="routing mask: a YAML path or a shipped mask's name (the default is SmolLM2's; other targets need their own)")
     p.add_argument("--taus", type=float, nargs="+", default=[0.9], help="one tiered method per value (tau_accept = tau_slim)")
     p.add_argument("--max-unverified", type=int, default=16)
     p.add_argument("--prompts", default="../shared/data/spec_bench/question.jsonl")
@@ -84,11 +86,11 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
-    routing = RoutingMask.from_yaml(args.routing)
+    routing = RoutingMask.from_yaml(resolve_routing(args.routing))
     if routing.model and routing.model != args.model:
         p.error(f"{args.routing} was made for {routing.model}, not {args.model}: pass --routing")
     if args.head is None:  # the shipped head, else the one viasd-train-eagle left in outputs/
-        shipped, trained = (ROOT / d / "eagle" / args.model for d in ("artifacts", "outputs"))
+        shipped, trained = SHIPPED_HEADS / args.model, Path("outputs") / "eagle" / args.model
         args.head = str(trained if trained.is_dir() and not shipped.is_dir() else shipped)
     head = resolve_head(args.head)
     loaded = load_model(ModelSpec(args.model, dtype=args.dtype))

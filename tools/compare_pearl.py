@@ -14,7 +14,7 @@ Decoders, as NAME[@THREADS]:
   tiered-sd@N     SD with TieredVerifier (slim = target minus --skip-layers)
 
 Example (bf16, 5 prompts, 64 tokens):
-  python third_party/pearl/tools/compare.py --prompts 5 --decoders ar@2,ar@1,sd@2,pearl,pearl-thread
+  python tools/compare_pearl.py --prompts 5 --decoders ar@2,ar@1,sd@2,pearl,pearl-thread
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from viasd_adapters.adapters.pearl import PearlDecoder
+from viasd_adapters.hosts.pearl.adapter import PearlDecoder
 from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
 from viasd_adapters.draft import ModelDrafter
 from viasd_adapters.models import ModelSpec, load_model

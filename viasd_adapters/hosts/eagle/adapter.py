@@ -42,11 +42,12 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from ..decode import Decoder, DecodeStats, GenerationResult
-from ..routing import RoutingMask
-from ..runner import CallStats
-from ..sampling import Sampler, SamplingConfig
-from ..verify.policy import Tier, TierPolicy
+from ...decode import Decoder, DecodeStats, GenerationResult
+from ...routing import RoutingMask
+from ...runner import CallStats
+from ...sampling import Sampler, SamplingConfig
+from ...conf import CONFIG_DIR
+from ...verify.policy import Tier, TierPolicy
 
 try:
     from eagle.model import choices as eagle_choices
@@ -61,7 +62,7 @@ try:
         update_inference_inputs,
     )
 
-    from third_party.eagle import (
+    from . import (
         KVBuffers,
         ea_model_from_target,
         extend_head,
@@ -72,12 +73,12 @@ try:
     )
 except ImportError as err:  # pragma: no cover - environment problem
     raise ImportError(
-        f"the EAGLE adapter needs eagle-llm 1.2.1 and the repository's third_party/eagle ({err}). Install"
-        " eagle-llm with `pip install --no-deps eagle-llm==1.2.1` and run from the repository root (or"
-        " install the repository so that `third_party` is importable)"
+        f"the EAGLE host needs eagle-llm 1.2.1 ({err}): install it with"
+        " `pip install --no-deps eagle-llm==1.2.1` (its declared pins are unusable; the `eagle` extra"
+        " of viasd-adapters installs what it really imports)"
     ) from err
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+SHIPPED_HEADS = Path(__file__).resolve().parent / "heads"  # package data: one folder per target
 
 
 # ----------------------------------------------------------------------------- tree and decisions
@@ -190,7 +191,7 @@ class TieredEagle(nn.Module):
 
     Args:
         ea_model: the deployment's `EaModel` (stock `EaModel.from_pretrained`, or
-            `third_party.eagle.load_ea_model` for Qwen2 and other transformers targets).
+            `viasd_adapters.hosts.eagle.load_ea_model` for Qwen2 and other transformers targets).
         routing: the slim verifier's routing mask (`RoutingMask`, or the path of its YAML);
             `RoutingMask.none()` makes u the target itself.
         policy: the tier policy; None switches tiers 1-2 off (stock EAGLE, token for token).
@@ -440,18 +441,18 @@ def _global_rng(sampling: SamplingConfig):
 
 # ----------------------------------------------------------------------------- the Decoder
 def resolve_routing(routing: str | Path) -> Path:
-    """A mask YAML path as given, relative to the repository root, or a name in conf/routing/."""
+    """A mask YAML path as given, or the name of a shipped mask (the `routing` config group)."""
     path = Path(routing).expanduser()
-    for candidate in (path, REPO_ROOT / path, REPO_ROOT / "conf" / "routing" / f"{routing}.yaml"):
+    for candidate in (path, Path(CONFIG_DIR) / "routing" / f"{routing}.yaml"):
         if candidate.is_file():
             return candidate
-    raise ValueError(f"no routing mask {routing!r}: give a mask YAML path or a name in conf/routing/")
+    raise ValueError(f"no routing mask {routing!r}: give a mask YAML path or a name of the `routing` config group")
 
 
 def resolve_head(head: str | Path) -> Path:
-    """A head folder as given, or relative to the repository root (configs name `artifacts/eagle/...`)."""
+    """A head folder as given, or the name of a head shipped with the package (`hosts/eagle/heads/`)."""
     path = Path(head).expanduser()
-    for candidate in (path, REPO_ROOT / path):
+    for candidate in (path, SHIPPED_HEADS / path):
         if is_head_folder(candidate):
             return candidate
     raise ValueError(

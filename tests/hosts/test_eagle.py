@@ -16,7 +16,7 @@ eagle_utils = pytest.importorskip("eagle.model.utils")
 from eagle.model.choices import mc_sim_7b_63  # noqa: E402
 from eagle.model.ea_model import EaModel  # noqa: E402
 
-from third_party.eagle import (  # noqa: E402
+from viasd_adapters.hosts.eagle import (  # noqa: E402
     FULL_WEIGHTS,
     ea_model_from_target,
     KVBuffers,
@@ -27,10 +27,11 @@ from third_party.eagle import (  # noqa: E402
     load_ea_model,
     save_head,
 )
-from viasd_adapters.adapters.eagle import (  # noqa: E402
+from viasd_adapters.hosts.eagle.adapter import (  # noqa: E402
     DraftTree,
     EagleDecoder,
     TieredEagle,
+    SHIPPED_HEADS,
     _parents,
     decide_tree,
 )
@@ -38,9 +39,9 @@ from viasd_adapters.decode import AutoregressiveDecoder  # noqa: E402
 from viasd_adapters.routing import RoutingMask  # noqa: E402
 from viasd_adapters.sampling import SamplingConfig  # noqa: E402
 from viasd_adapters.verify import ConfidencePolicy, Tier  # noqa: E402
+from viasd_adapters.conf import CONFIG_DIR  # noqa: E402
 
 PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -279,10 +280,10 @@ def test_head_training_runs_a_few_steps_and_resumes(tmp_path):
     from viasd_adapters.cli.train_eagle import run
 
     def cfg(steps):
-        base = OmegaConf.load(REPO / "conf" / "train_eagle.yaml")
+        base = OmegaConf.load(Path(CONFIG_DIR) / "train_eagle.yaml")
         base.pop("defaults")
         base.pop("hydra")
-        base.model_pair = OmegaConf.load(REPO / "conf" / "model_pair" / "tiny-random.yaml")
+        base.model_pair = OmegaConf.load(Path(CONFIG_DIR) / "model_pair" / "tiny-random.yaml")
         base.runtime.draft_dtype = "float32"
         base.out_dir = str(tmp_path / "head")
         base.progress = False
@@ -313,9 +314,9 @@ def _smollm2():
     from viasd_adapters.models.offline import cache_dir
 
     folder = cache_dir("smollm2-135m-instruct")
-    head = REPO / "artifacts" / "eagle" / "smollm2-135m-instruct"
+    head = SHIPPED_HEADS / "smollm2-135m-instruct"
     if not (folder / "config.json").is_file() or not (head / "config.json").is_file():
-        pytest.skip("SmolLM2-135M-Instruct is not converted yet, or its EAGLE head is not in artifacts/eagle")
+        pytest.skip("SmolLM2-135M-Instruct is not converted yet, or its EAGLE head is not shipped")
     return folder, head
 
 
@@ -354,7 +355,7 @@ def test_qwen2_coder_eagle_tree_decoding_on_the_transformers_base(tmp_path):
     if not (cache_dir("qwen2.5-coder-1.5b-instruct") / "config.json").is_file():
         pytest.skip("Qwen2.5-Coder-1.5B-Instruct is not converted")
     loaded = load_model(ModelSpec("qwen2.5-coder-1.5b-instruct", dtype="bfloat16"))
-    head = REPO / "artifacts" / "eagle" / "qwen2.5-coder-1.5b-instruct"
+    head = SHIPPED_HEADS / "qwen2.5-coder-1.5b-instruct"
     if not (head / "config.json").is_file():  # untrained: acceptance suffers, correctness must not
         config = head_config(loaded.model.config, intermediate_size=256)
         torch.manual_seed(0)

@@ -1,1 +1,0 @@
-"""Our integration code for host frameworks (see each folder's README)."""
