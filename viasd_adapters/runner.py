@@ -39,9 +39,12 @@ class CausalLMRunner:
     the caller: rollback and catch-up are the same operation.
     """
 
-    def __init__(self, model: PreTrainedModel, name: str = "model"):
+    def __init__(self, model: PreTrainedModel, name: str = "model", head: torch.nn.Module | None = None):
+        """`head`: scores the model's final hidden states in its place ([..., d] -> [..., N]
+        logits, e.g. a `ReducedHead` over N kept ids); None: the model's own LM head (N = V)."""
         self.model = model
         self.name = name
+        self.head = head
         self.stats = CallStats()
         self.reset()
 
@@ -81,7 +84,8 @@ class CausalLMRunner:
             input_ids: [1, T] the whole sequence so far (prompt, committed tokens, drafts).
             num_positions: m, 1 <= m <= T.
         Returns:
-            [m, V] float logits; row i scores the token after position T - m + i.
+            [m, V] float logits ([m, N] with a `head`); row i scores the token after position
+            T - m + i.
         """
         B, T = input_ids.shape
         assert B == 1 and 1 <= num_positions <= T
@@ -90,13 +94,17 @@ class CausalLMRunner:
         start = self.cached_length
         new_ids = ids[start:]
         begin = time.perf_counter()
-        out = self.model(
-            input_ids=new_ids[None],
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=num_positions,
-        )
-        logits = out.logits[0]  # [m, V]
+        if self.head is None:
+            out = self.model(
+                input_ids=new_ids[None],
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=num_positions,
+            )
+            logits = out.logits[0]  # [m, V]
+        else:
+            out = self.model.get_decoder()(input_ids=new_ids[None], past_key_values=self.cache, use_cache=True)
+            logits = self.head(out.last_hidden_state[0, -num_positions:])  # [m, N]
         if logits.device.type == "cuda":
             torch.cuda.synchronize(logits.device)
         self.stats.add(new_ids.numel(), time.perf_counter() - begin)

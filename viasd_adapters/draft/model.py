@@ -5,21 +5,56 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from ..models.quantize import QUANTIZATIONS, quantized_copy
+from ..models.vocab import DraftVocabulary, ReducedHead
 from ..runner import CallStats, CausalLMRunner
 from ..sampling import Sampler
 from .base import DraftBlock, Drafter
 
 
 class ModelDrafter(Drafter):
-    """Drafts K tokens with K forward passes of a draft model (its cache rolls back itself)."""
+    """Drafts up to K tokens with one forward pass of a draft model each (its cache rolls back
+    itself).
 
-    def __init__(self, model: PreTrainedModel, name: str = "draft"):
+    Levers that make drafting cheaper (docs/drafting.md); none can change what the verifier
+    commits, only how many draft tokens it accepts:
+
+    * `confidence_threshold`: the block ends after a token whose draft probability p(x) is
+      below it (transformers' `assistant_confidence_threshold`), so K is a maximum and rounds
+      that would end early waste fewer draft forwards;
+    * `vocabulary`: the LM head scores only a `DraftVocabulary`'s N ids (a `ReducedHead`); p is
+      the renormalised distribution over them, zero elsewhere, which is the exact proposal
+      rejection sampling needs;
+    * `quantize`: the drafter runs a quantised copy of the model (`models.quantize`); the
+      pair's model itself is untouched, so other decoders sharing it are not affected.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        name: str = "draft",
+        confidence_threshold: float | None = None,
+        vocabulary: str | DraftVocabulary | None = None,
+        quantize: str | None = None,
+    ):
+        if confidence_threshold is not None and not 0 <= confidence_threshold <= 1:
+            raise ValueError(f"confidence_threshold must be in [0, 1] (null: off), got {confidence_threshold}")
+        if quantize is not None and quantize not in QUANTIZATIONS:
+            raise ValueError(f"quantize {quantize!r} is not one of {sorted(QUANTIZATIONS)} (null: off)")
         self.name = name
-        self.runner = CausalLMRunner(model, name)
+        self.confidence_threshold = confidence_threshold
+        self.full_vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        if isinstance(vocabulary, str):
+            vocabulary = DraftVocabulary.load(vocabulary)
+        head = ReducedHead(model, vocabulary) if vocabulary is not None else None
+        if quantize is not None:
+            model = quantized_copy(model, quantize, keep_head=head is not None)
+        self.head = head
+        self.runner = CausalLMRunner(model, name, head=head)
 
     @property
     def vocab_size(self) -> int:
-        return self.runner.vocab_size
+        return self.full_vocab_size
 
     def reset(self) -> None:
         self.runner.reset()
@@ -32,12 +67,19 @@ class ModelDrafter(Drafter):
         tokens, probs = [], []
         ids = input_ids
         for _ in range(num_tokens):
-            logits = self.runner.logits(ids, 1)[0]  # [V]
-            token, p = sampler.choose(logits)
+            logits = self.runner.logits(ids, 1)[0]  # [N]: N = V without a reduced head
+            p = sampler.probs(logits)  # [N]
+            index = sampler.choose_from(p, logits)
+            token = index if self.head is None else int(self.head.token_ids[index])
             tokens.append(token)
             probs.append(p)
             ids = torch.cat([ids, ids.new_tensor([[token]])], dim=1)
-        return DraftBlock(
-            tokens=input_ids.new_tensor(tokens),
-            probs=torch.stack(probs) if probs else None,
-        )
+            if self.confidence_threshold is not None and float(p[index]) < self.confidence_threshold:
+                break
+        if not probs:
+            return DraftBlock(tokens=input_ids.new_tensor(tokens), probs=None)
+        p = torch.stack(probs)  # [K, N]
+        if self.head is not None:  # zero outside the kept ids
+            K, N = p.shape
+            p = p.new_zeros(K, self.full_vocab_size).scatter_(1, self.head.token_ids.expand(K, N), p)
+        return DraftBlock(tokens=input_ids.new_tensor(tokens), probs=p)
