@@ -72,15 +72,25 @@ def test_decoders_build_and_decode_on_the_tiny_pair(framework, verifier):
     assert len(result.tokens) == 6
 
 
-def test_every_benchmark_method_builds_on_the_tiny_pair():
-    from viasd_adapters.pipeline import build_decoder, load_pair
+def test_every_benchmark_method_builds_on_the_tiny_pair(tmp_path, monkeypatch):
+    import torch
 
+    from viasd_adapters.decode.schedule import AdaptiveDraftLength
+    from viasd_adapters.pipeline import build_decoder, load_pair
+    from viasd_adapters.profile import LatencyEntry, LatencyProfile, default_profile_path
+
+    # sd-adaptive reads this machine's latency profile: give it one for the tiny models
+    monkeypatch.setenv("VIASD_CACHE", str(tmp_path))
+    threads = torch.get_num_threads()
+    entries = [LatencyEntry("tiny-random", "bfloat16", threads, 128, n, 10.0 + n) for n in (1, 4, 8)]
+    LatencyProfile(entries=entries).save(default_profile_path())
     methods = options("method")
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="bench", overrides=["model_pair=tiny-random", f"method=[{','.join(methods)}]"])
     pair = load_pair(cfg.model_pair)
     decoders = {name: build_decoder(m.framework, m.verifier, pair) for name, m in cfg.method.items()}
     assert set(decoders) == set(methods)
+    assert isinstance(decoders["sd-adaptive"].draft_length, AdaptiveDraftLength)
     # The random-skipping ablation keeps the pair mask's budget.
     routing, random = instantiate(cfg.routing), decoders["tiered-random"].verifier.slim.model.mask
     assert len(random.skip_layers) == len(routing.skip_layers) and random.provenance["method"].startswith("random")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+import torch
 
 from viasd_adapters.bench.harness import rotated
 from viasd_adapters.cli.bench import run
@@ -154,3 +155,78 @@ def test_every_task_file_instantiates(task, tmp_path):
     overrides = [f"task={task}"] + ([f"task.prompts_file={tmp_path}/p.jsonl"] if task == "jsonl" else [])
     cfg = compose_bench(*overrides)
     assert instantiate(cfg.task, _convert_="all").name == task
+
+
+@pytest.fixture(scope="module")
+def cores_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cores")
+    prompts = tmp / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS[:2]))
+    cfg = compose_bench(
+        "model_pair=tiny-random", "runtime.dtype=float32", "method=[ar,ar-2t,sd,sd-2t]", "task=jsonl",
+        f"task.prompts_file={prompts}", "repetitions=1", "max_new_tokens=8", f"out_dir={tmp / 'out'}",
+        "progress=false", "threads=1", "plots=false",
+    )
+    return run(cfg)
+
+
+def test_records_state_cores_and_cpu_time_and_pair_equal_cores(cores_run):
+    by = {(r["method"], r["prompt_id"]): r for r in cores_run.records}
+    for r in cores_run.records:
+        two = r["method"].endswith("-2t")
+        assert (r["threads"], r["cores"]) == ((2, 2) if two else (1, 1))
+        assert r["kind"] == r["method"].removesuffix("-2t")
+        assert r["cpu_seconds"] > 0 and r["cpu_seconds_per_token"] == pytest.approx(r["cpu_seconds"] / r["new_tokens"])
+        base = by[("ar-2t" if two else "ar", r["prompt_id"])]
+        assert r["baseline_same_cores"] == base["method"]
+        assert r["speedup_same_cores"] == pytest.approx(r["tokens_per_second"] / base["tokens_per_second"])
+        parts = sum(r[f"{k}_ms_per_token"] for k in ("target", "draft", "slim", "overhead"))
+        assert parts == pytest.approx(r["ms_per_token"]) and r["ms_per_token"] == pytest.approx(1000 / r["tokens_per_second"])
+    sd = by[("sd", "1")]
+    assert sd["draft_ms_per_token"] > 0 and sd["speedup_bound_no_overhead"] > sd["speedup_same_cores"]
+    assert by[("ar", "1")]["draft_ms_per_token"] == 0.0
+    assert torch.get_num_threads() == 1  # every method's threads were restored after it ran
+
+
+def test_cpu_model_and_instruction_set_in_meta_and_title(cores_run):
+    from viasd_adapters.hardware import cpu_info
+
+    meta = json.loads((cores_run.out_dir / "meta.json").read_text())
+    info = cpu_info()
+    assert meta["machine"]["cpu"]["model"] == info.model and meta["machine"]["cpu"]["isa"] == list(info.isa)
+    assert meta["machine"]["method_threads"] == {"ar": None, "ar-2t": 2, "sd": None, "sd-2t": 2}
+    title = cores_run.table.splitlines()[0]
+    assert info.model in title and info.isa_label in title
+    rows = {row["method"]: row for row in parse_table(cores_run.table, "All prompts")}
+    assert rows["sd-2t"]["cores"] == "2" and rows["ar"]["cores"] == "1"
+    assert "### Cost per generated token" in cores_run.table
+
+
+def test_pearl_counts_its_draft_worker_in_its_cores():
+    from viasd_adapters.pipeline import build_decoder, load_pair
+
+    cfg = compose_bench("model_pair=tiny-random", "method=[pearl]")
+    decoder = build_decoder(cfg.method.pearl.framework, cfg.method.pearl.verifier, load_pair(cfg.model_pair))
+    assert decoder.cores(threads=2) == 2  # 1 verifier thread + 1 drafter thread (the config's)
+    decoder.config.target_threads = None
+    assert decoder.cores(threads=2) == 3
+
+
+def test_cpu_time_includes_child_processes():
+    import subprocess
+    import sys
+    import time
+
+    from viasd_adapters.bench.resources import ResourceProbe
+
+    probe = ResourceProbe()
+    probe.start()
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\ntime.sleep(5)"])
+    try:
+        time.sleep(1.5)  # the child has burnt its 0.6 s of CPU and sleeps, still alive
+        record = probe.stop()
+    finally:
+        child.kill()
+        child.wait()
+    assert record["cpu_seconds"] >= 0.5  # this process slept: the CPU time is the child's
+    assert record["process_cpu_percent"] < 20

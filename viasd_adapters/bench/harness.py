@@ -7,14 +7,19 @@ Order of work (one process, models loaded once, every decoder sharing them):
    configured order rotated by (i + r) positions, so that machine drift and cache effects hit
    every method alike and no method always runs first;
 3. once all methods have decoded a prompt, its records get the paired fields (speedup and
-   agreement against the baseline method's generation of the same prompt and repetition) and
-   are handed to the sink (the JSONL file), so an interrupted run keeps what it finished.
+   agreement against the baseline method's generation of the same prompt and repetition, and
+   speedup against the baseline's kind run at the same number of cores) and are handed to the
+   sink (the JSONL file), so an interrupted run keeps what it finished.
 
-Speed is the measured wall time of `Decoder.generate` (prefill included), never a model.
+Speed is the measured wall time of `Decoder.generate` (prefill included), never a model. Each
+record states the cores its method occupied (torch threads summed over its processes, a
+draft worker's included) and the CPU time it really used (this process and its children), so
+a method that runs on two cores is only ever compared with a baseline allowed two.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
@@ -39,8 +44,26 @@ logger = logging.getLogger(__name__)
 class Method:
     """A named decoder under test."""
 
-    name: str  # its key in records and tables (e.g. "ar", "sd")
+    name: str  # its key in records and tables (e.g. "ar", "sd", "ar-2t")
     decoder: Decoder
+    threads: int | None = None  # torch threads while it decodes; None: the process's setting
+    kind: str | None = None  # its framework ("ar", "sd", ...); methods of the baseline's kind are baselines at their cores
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"method {self.name!r}: threads must be >= 1 or null, got {self.threads}")
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None):
+    """Run the body with `threads` torch intra-op threads (None: as they are), then restore."""
+    saved = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(saved)
 
 
 @dataclass
@@ -104,6 +127,8 @@ class Harness:
         self.settings = settings
         self.context = dict(context or {})
         self.probe = ResourceProbe(target.model.device)
+        base = next(m for m in methods if m.name == settings.baseline)
+        self.baseline_kind = base.kind or base.name
         self._scores: dict[tuple[str, str, str], Score] = {}
         self.skipped: list[str] = []  # ids of prompts that do not fit the context window
 
@@ -112,7 +137,12 @@ class Harness:
         return self.task.max_new_tokens or self.settings.max_new_tokens
 
     def _generate(self, method: Method, ids: torch.Tensor, sampling: SamplingConfig) -> GenerationResult:
-        return method.decoder.generate(ids, self.max_new_tokens, sampling, self.target.stop_token_ids)
+        with torch_threads(method.threads):
+            return method.decoder.generate(ids, self.max_new_tokens, sampling, self.target.stop_token_ids)
+
+    def _cores(self, method: Method) -> dict:
+        with torch_threads(method.threads) as threads:
+            return {"threads": threads, "cores": method.decoder.cores(threads)}
 
     def run(self, sink: Callable[[dict], None] = lambda record: None) -> list[dict]:
         """Run everything; each finished record goes to `sink` and into the returned list."""
@@ -138,11 +168,11 @@ class Harness:
                     for slot, method in enumerate(rotated(self.methods, i + r)):
                         self.probe.start()
                         result = self._generate(method, ids, sampling)
-                        done[method.name] = (slot, result, self.probe.stop())
+                        done[method.name] = (slot, result, {**self.probe.stop(), **self._cores(method)})
                         bar.set_postfix_str(f"{method.name} {result.stats.tokens_per_second:.2f} tok/s")
                         bar.update()
                     # 3. records in the configured order, paired with the baseline's, then written
-                    group = [self._record(prompt, ids, r, m.name, *done[m.name]) for m in self.methods]
+                    group = [self._record(prompt, ids, r, m, *done[m.name]) for m in self.methods]
                     self._pair(group)
                     for record in group:
                         sink(record)
@@ -179,7 +209,7 @@ class Harness:
         return metric, self._scores[key]
 
     def _record(
-        self, prompt: Prompt, ids: torch.Tensor, rep: int, method: str, slot: int, result: GenerationResult, resources: dict
+        self, prompt: Prompt, ids: torch.Tensor, rep: int, method: Method, slot: int, result: GenerationResult, resources: dict
     ) -> dict:
         stats = result.stats
         n = stats.new_tokens
@@ -197,7 +227,8 @@ class Harness:
             "prompt_id": prompt.id,
             "rep": rep,
             "slot": slot,  # position in this prompt's method order (0 ran first)
-            "method": method,
+            "method": method.name,
+            "kind": method.kind or method.name,
             "prompt_tokens": int(ids.shape[1]),
             "max_new_tokens": self.max_new_tokens,
             "new_tokens": n,
@@ -213,22 +244,54 @@ class Harness:
             "tier_shares": {t: c / decided for t, c in stats.tier_counts.items()} if decided else {},
             "model_calls": {name: dataclasses.asdict(c) for name, c in stats.model_calls.items()},
             "calls_per_token": {name: c / n if n else None for name, c in calls.items()},
+            **self._cost_per_token(stats),
             "full_calls_per_token": calls.get(roles["full"], 0) / n if n else None,
             "slim_calls_per_token": calls.get(roles.get("slim", ""), 0) / n if n else None,
             "quality_metric": metric,
             "quality": score.value,
             "quality_detail": score.detail,
             **resources,
+            "cpu_seconds_per_token": resources["cpu_seconds"] / n if n else None,
             "output_tokens": list(result.tokens),
             "output_text": text,
         }
 
+    def _cost_per_token(self, stats) -> dict[str, float | None]:
+        """Wall ms per generated token: all of it, inside each role's forwards (target, slim,
+        draft: every other model), and the rest (overhead: drafting and verifying logic, sampling,
+        cache bookkeeping, waiting for a worker). Forwards of a draft worker run at the same time
+        as the target's, so for PEARL the parts can add up to more than the whole."""
+        n = stats.new_tokens
+        parts = {"target": 0.0, "slim": 0.0, "draft": 0.0}
+        full, slim = self.settings.roles["full"], self.settings.roles.get("slim")
+        for name, calls in stats.model_calls.items():
+            role = "target" if name == full else "slim" if name == slim else "draft"
+            parts[role] += 1000.0 * calls.seconds / n if n else 0.0
+        wall = 1000.0 * stats.seconds / n if n else None
+        out = {f"{role}_ms_per_token": value if n else None for role, value in parts.items()}
+        out["ms_per_token"] = wall
+        out["overhead_ms_per_token"] = max(wall - sum(parts.values()), 0.0) if n else None
+        return out
+
     def _pair(self, group: list[dict]) -> None:
-        """Fill the fields that compare each record with the baseline's (and host's) record."""
+        """Fill the fields that compare each record with the baseline's (and host's) record, and
+        with the record of the baseline's kind at the same cores (None when the run has none)."""
         by_name = {record["method"]: record for record in group}
         base = by_name[self.settings.baseline]
         host = by_name.get(self.settings.host) if self.settings.host else None
+        by_cores: dict[int, dict] = {}
+        for record in group:  # the first of the baseline's kind at each core count (the named baseline first)
+            if record["kind"] == self.baseline_kind:
+                by_cores.setdefault(record["cores"], record)
+        by_cores[base["cores"]] = base
         for record in group:
+            same = by_cores.get(record["cores"])
+            record["baseline_same_cores"] = same["method"] if same else None
+            record["speedup_same_cores"] = _ratio(record["tokens_per_second"], same["tokens_per_second"]) if same else None
+            # What the forwards alone would allow: the baseline's ms/token over this record's
+            # forward ms/token, i.e. the speedup with zero overhead.
+            forwards = sum(record[f"{role}_ms_per_token"] or 0.0 for role in ("target", "slim", "draft"))
+            record["speedup_bound_no_overhead"] = _ratio(same["ms_per_token"], forwards) if same and same["ms_per_token"] else None
             match, exact = token_agreement(record["output_tokens"], base["output_tokens"])
             record["baseline"] = self.settings.baseline
             record["speedup_vs_baseline"] = _ratio(record["tokens_per_second"], base["tokens_per_second"])

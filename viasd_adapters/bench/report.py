@@ -5,7 +5,9 @@ Every figure is recomputed from the JSONL records:
 - medians over records (one per method, prompt and repetition) for speed, accepted length,
   rejection rate, forward calls per token, memory and CPU load;
 - speedups are medians of per-record ratios, each record divided by the baseline's (or host's)
-  record of the same prompt and repetition (paired, so drift between prompts cancels);
+  record of the same prompt and repetition (paired, so drift between prompts cancels); "at
+  equal cores" divides by the record of the baseline's kind run on as many cores (AR at 1 and
+  at 2 threads both run when a method uses two cores);
 - means for agreement with the baseline and for quality (rates of 0/1 outcomes, BLEU, ROUGE);
 - tier shares pool the tier counts of all records (so they sum to 1).
 """
@@ -64,8 +66,10 @@ def columns(baseline: str, host: str | None, per_category: bool) -> list[Column]
     cols += [
         Column("method", "method", "label", "{}"),
         Column("n", "method", "count", "{}"),
+        Column("cores", "cores", "median", "{:.0f}"),
         Column("tok/s", "tokens_per_second", "median"),
         Column(f"speedup vs {baseline}", "speedup_vs_baseline", "median"),
+        Column("speedup at equal cores", "speedup_same_cores", "median"),
     ]
     if host:
         cols.append(Column(f"speedup vs {host}", "speedup_vs_host", "median"))
@@ -86,16 +90,33 @@ def columns(baseline: str, host: str | None, per_category: bool) -> list[Column]
             Column("slim calls/token", "slim_calls_per_token", "median", "{:.3f}"),
             Column(f"token match vs {baseline}", "token_match_vs_baseline", "mean", "{:.3f}"),
             Column(f"exact match vs {baseline}", "exact_match_vs_baseline", "mean", "{:.2f}"),
+            Column("CPU s/token", "cpu_seconds_per_token", "median", "{:.3f}"),
             Column("peak RSS MB", "peak_rss_mb", "median", "{:.0f}"),
             Column("system CPU %", "system_cpu_percent", "median", "{:.0f}"),
         ]
     return cols
 
 
+def cost_columns() -> list[Column]:
+    """Where a generated token's time goes (medians of per-record ms/token)."""
+    return [
+        Column("method", "method", "label", "{}"),
+        Column("cores", "cores", "median", "{:.0f}"),
+        Column("equal-cores baseline", "baseline_same_cores", "label", "{}"),
+        Column("ms/token", "ms_per_token", "median", "{:.1f}"),
+        Column("target ms", "target_ms_per_token", "median", "{:.1f}"),
+        Column("draft ms", "draft_ms_per_token", "median", "{:.1f}"),
+        Column("slim ms", "slim_ms_per_token", "median", "{:.1f}"),
+        Column("overhead ms", "overhead_ms_per_token", "median", "{:.1f}"),
+        Column("speedup at equal cores", "speedup_same_cores", "median"),
+        Column("bound without overhead", "speedup_bound_no_overhead", "median"),
+    ]
+
+
 def aggregate(records: list[dict], col: Column) -> object:
     """The unformatted value of `col` over a group of records (None when undefined)."""
     if col.how == "label":
-        return records[0][col.key]
+        return records[0].get(col.key)  # None (a dash) in records of older runs
     if col.how == "count":
         return len(records)
     if col.how == "tiers":
@@ -147,12 +168,21 @@ def load_line(records: list[dict]) -> str:
     system = values_of(records, "system_cpu_percent")
     process = values_of(records, "process_cpu_percent")
     cores = records[0].get("cpu_count")
-    threads = records[0].get("torch_threads")
+    threads = sorted({f"{r['method']} {r['threads']}" for r in records if r.get("threads")}, key=str)
+    threads_text = f" (torch threads: {', '.join(threads)})" if threads else ""
     return (
         f"CPU during the run: 1-min load average {min(loads):.2f}-{max(loads):.2f} on {cores} cores"
-        f" (torch threads {threads}); machine-wide CPU use median {median(system):.0f} %;"
+        f"{threads_text}; machine-wide CPU use median {median(system):.0f} %;"
         f" this process median {median(process):.0f} % (100 % = one core)."
     )
+
+
+def equal_cores_note(records: list[dict]) -> str:
+    """Which methods lack a baseline at their core count (their equal-cores column is a dash)."""
+    missing = sorted({f"{r['method']} ({r['cores']} cores)" for r in records if r.get("cores") and r.get("baseline_same_cores") is None})
+    if not missing:
+        return ""
+    return f"No baseline ran at the cores of {', '.join(missing)}: add one (e.g. method ar-2t) to compare them fairly."
 
 
 def build_report(records: list[dict], baseline: str, host: str | None, title: str = "") -> tuple[str, dict]:
@@ -161,11 +191,14 @@ def build_report(records: list[dict], baseline: str, host: str | None, title: st
         raise ValueError("no records to report")
     overall = columns(baseline, host, per_category=False)
     by_category = columns(baseline, host, per_category=True)
+    costs = cost_columns()
     prompts = len({(r["category"], r["prompt_id"]) for r in records})
     reps = len({r["rep"] for r in records})
+    hardware = records[0].get("hardware")
     text = [
         f"## {title or records[0]['task']}",
         "",
+        *([f"Measured on {hardware}.", ""] if hardware else []),
         f"{prompts} prompts x {reps} repetitions per method; max_new_tokens {records[0]['max_new_tokens']}.",
         "",
         "### All prompts",
@@ -176,16 +209,30 @@ def build_report(records: list[dict], baseline: str, host: str | None, title: st
         "",
         markdown_table(records, by_category, ("category", "method")),
         "",
+        "### Cost per generated token",
+        "",
+        markdown_table(records, costs, ("method",)),
+        "",
         "Medians over records (one per method, prompt and repetition); speedups are medians of"
-        f" ratios to the {baseline} record of the same prompt and repetition; agreement and"
-        " quality are means; tier shares pool the draft tokens each tier decided. Tokens/s is"
-        " measured wall time of the whole generation, prefill included.",
+        f" ratios to the {baseline} record of the same prompt and repetition (at equal cores: to"
+        f" the record of {baseline}'s kind that ran on as many cores); agreement and quality are"
+        " means; tier shares pool the draft tokens each tier decided. Cores are torch threads"
+        " summed over a method's processes (a draft worker's included); CPU s/token is the CPU"
+        " time this process and its children used. Tokens/s is measured wall time of the whole"
+        " generation, prefill included. Cost per token splits that wall time into the time inside"
+        " each model's forwards and the rest (overhead); the bound is the equal-cores baseline's"
+        " ms/token over the forwards' ms/token, the speedup with no overhead at all (for PEARL the"
+        " draft worker's forwards overlap the target's, so its parts exceed the whole).",
         "",
         load_line(records),
         "",
     ]
+    note = equal_cores_note(records)
+    if note:
+        text += [note, ""]
     summary = {
         "overall": summarize(records, overall, ("method",)),
         "per_category": summarize(records, by_category, ("category", "method")),
+        "cost_per_token": summarize(records, costs, ("method",)),
     }
     return "\n".join(text), summary

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ..bench import plots
 from ..bench.harness import BenchSettings, Harness, Method
 from ..bench.report import build_report
+from ..hardware import cpu_info, device_label
 from ..pipeline import build_decoder, load_pair, uses_draft_model
 from . import CONFIG_DIR, set_threads
 
@@ -77,7 +78,10 @@ def run(cfg: DictConfig) -> BenchOutcome:
     begin = time.perf_counter()
     needs_draft = any(uses_draft_model(m.framework.drafter, m.verifier) for m in cfg.method.values())
     pair = load_pair(cfg.model_pair, with_draft=needs_draft)
-    methods = [Method(name, build_decoder(m.framework, m.verifier, pair)) for name, m in cfg.method.items()]
+    methods = [
+        Method(name, build_decoder(m.framework, m.verifier, pair), threads=m.get("threads"), kind=m.framework.name)
+        for name, m in cfg.method.items()
+    ]
     load_seconds = time.perf_counter() - begin
 
     context = {
@@ -86,6 +90,7 @@ def run(cfg: DictConfig) -> BenchOutcome:
         "dtype": cfg.runtime.dtype,
         "draft_dtype": cfg.runtime.get("draft_dtype"),
         "device": cfg.runtime.device,
+        "hardware": device_label(cfg.runtime.device),  # CPU model, instruction sets, cores (or the GPU)
     }
     harness = Harness(methods, pair.target, task, sampling, settings, context)
     begin = time.perf_counter()
@@ -98,7 +103,7 @@ def run(cfg: DictConfig) -> BenchOutcome:
         records = harness.run(sink)
     bench_seconds = time.perf_counter() - begin
 
-    title = f"{task.name} on {cfg.model_pair.name} ({cfg.runtime.dtype}, {cfg.runtime.device})"
+    title = f"{task.name} on {cfg.model_pair.name} ({cfg.runtime.dtype}, {context['hardware']})"
     table, summary = build_report(records, harness.settings.baseline, harness.settings.host, title)
     if harness.skipped:
         table += f"\nSkipped (longer than the context window): {', '.join(harness.skipped)}.\n"
@@ -118,7 +123,13 @@ def run(cfg: DictConfig) -> BenchOutcome:
         "bench_seconds": bench_seconds,
         "records": len(records),
         "skipped_prompts": harness.skipped,  # longer than the target's context window
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch_threads": torch.get_num_threads()},
+        "machine": {
+            "platform": platform.platform(),
+            "cpu": cpu_info().to_dict(),  # model name, instruction sets (AMX / AVX-512 / AVX2), cores
+            "hardware": context["hardware"],
+            "torch_threads": torch.get_num_threads(),  # the process default; methods may set their own
+            "method_threads": {m.name: m.threads for m in methods},
+        },
         "versions": _versions(),
     }
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))

@@ -11,9 +11,11 @@ import torch
 from transformers import PreTrainedModel
 
 from ..draft.base import Drafter
+from ..hardware import synchronize
 from ..verify.base import Verifier
 from ..runner import CausalLMRunner
 from ..sampling import Sampler, SamplingConfig
+from .schedule import DraftLength, FixedDraftLength
 from .stats import DecodeStats
 
 logger = logging.getLogger(__name__)
@@ -87,6 +89,11 @@ class Decoder(ABC):
     ) -> GenerationResult:
         """Generate up to `max_new_tokens` tokens after `input_ids` ([1, T])."""
 
+    def cores(self, threads: int) -> int:
+        """Cores one generation occupies (torch threads summed over processes and workers) when
+        the calling process runs `threads` torch threads; decoders with workers add theirs."""
+        return threads
+
 
 class AutoregressiveDecoder(Decoder):
     """One target forward per token: the baseline every speedup is measured against."""
@@ -99,12 +106,14 @@ class AutoregressiveDecoder(Decoder):
         progress = _Progress(input_ids, max_new_tokens, stop_token_ids, self.runner.context_length)
         self.runner.reset()
         stats = DecodeStats()
+        synchronize(input_ids.device)  # the clock starts when queued work (the prompt's copy) is done
         begin = time.perf_counter()
         while not progress.done:
             logits = self.runner.logits(progress.ids, 1)[0]  # [V]
             token, _ = sampler.choose(logits)
             progress.commit(input_ids.new_tensor([token]))
             stats.steps += 1
+        synchronize(input_ids.device)
         stats.seconds = time.perf_counter() - begin
         stats.new_tokens = len(progress.new_tokens)
         stats.model_calls = {self.runner.name: self.runner.stats}
@@ -122,36 +131,50 @@ def check_same_vocabulary(drafter: Drafter, verifier: Verifier) -> None:
 
 
 class SpeculativeDecoder(Decoder):
-    """Draft-then-verify decoding; lossless when the verifier is."""
+    """Draft-then-verify decoding; lossless when the verifier is.
 
-    def __init__(self, drafter: Drafter, verifier: Verifier, num_draft_tokens: int = 5):
-        if num_draft_tokens < 1:
-            raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
+    K per round comes from `draft_length` (e.g. `AdaptiveDraftLength`: Leviathan's expected
+    speedup with profiled costs and the acceptance of recent rounds); without one it is the fixed
+    `num_draft_tokens`.
+    """
+
+    def __init__(
+        self,
+        drafter: Drafter,
+        verifier: Verifier,
+        num_draft_tokens: int = 5,
+        draft_length: DraftLength | None = None,
+    ):
         check_same_vocabulary(drafter, verifier)
         self.drafter = drafter
         self.verifier = verifier
-        self.num_draft_tokens = num_draft_tokens
+        self.draft_length = draft_length or FixedDraftLength(num_draft_tokens)
 
     def generate(self, input_ids, max_new_tokens, sampling=None, stop_token_ids=()):
         sampler = Sampler(sampling or SamplingConfig(), input_ids.device)
         progress = _Progress(input_ids, max_new_tokens, stop_token_ids, self.verifier.context_length)
         self.drafter.reset()
         self.verifier.reset()
+        self.draft_length.reset()
         stats = DecodeStats()
+        synchronize(input_ids.device)
         begin = time.perf_counter()
         while not progress.done:
             # Never draft past the budget: the verifier adds one token of its own.
-            k = min(self.num_draft_tokens, progress.remaining - 1)
+            k = min(self.draft_length.next(), progress.remaining - 1)
             # 1. draft
             block = self.drafter.propose(progress.ids, k, sampler)
             # 2. verify (the verifier's caches catch up and roll back inside)
             verdict = self.verifier.verify(progress.ids, block, sampler)
             # 3. commit; the drafter's cache rolls back to the common prefix on its next call
             progress.commit(verdict.tokens)
+            # 4. the next round's K learns from this one
+            self.draft_length.update(verdict.num_drafted, verdict.num_accepted)
             stats.steps += 1
             stats.drafted += verdict.num_drafted
             stats.accepted += verdict.num_accepted
             stats.tier_counts.update(verdict.tier_counts)
+        synchronize(input_ids.device)
         stats.seconds = time.perf_counter() - begin
         stats.new_tokens = len(progress.new_tokens)
         stats.model_calls = {**self.drafter.stats, **self.verifier.stats}

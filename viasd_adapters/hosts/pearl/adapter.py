@@ -9,6 +9,7 @@ drafter. Pre-verify asks the verifier for its own next token (a block of zero dr
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter
 
@@ -168,6 +169,12 @@ class PearlDecoder(Decoder):
         stats.model_calls = {**session.draft_stats, **self.verifier.stats}
         logger.debug("PEARL rounds: %d pre-verify, %d post-verify", modes["pre"], modes["post"])
         return GenerationResult(progress.new_tokens, stats)
+
+    def cores(self, threads: int) -> int:
+        """The verifier's threads plus the draft worker's: PEARL runs both at once."""
+        target = self.config.target_threads or threads
+        draft = self.config.draft_threads or (os.cpu_count() or 1 if self.config.backend == "process" else threads)
+        return target + draft
 
     def close(self) -> None:
         """Stop the draft worker (the next `generate` starts a new one)."""

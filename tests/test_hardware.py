@@ -1,0 +1,37 @@
+"""CPU model and instruction sets from /proc/cpuinfo text."""
+
+from viasd_adapters.hardware import cpu_info, parse_cpuinfo
+
+INTEL = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse2 avx avx2 avx512f avx512bw avx512_bf16 amx_bf16 amx_tile amx_int8
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse2 avx avx2 avx512f avx512bw avx512_bf16 amx_bf16 amx_tile amx_int8
+"""
+AMD = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 7B13 64-Core Processor
+flags\t\t: fpu sse2 avx avx2 fma
+"""
+
+
+def test_intel_amx_machine():
+    info = cpu_info(INTEL)
+    assert info.model == "Intel(R) Xeon(R) Platinum 8480+"
+    assert info.isa == ("AMX-BF16", "AMX-INT8", "AVX512-BF16", "AVX-512", "AVX2")
+    assert info.slug == "intel-r-xeon-r-platinum-8480-amx"
+    assert info.label.startswith("Intel(R) Xeon(R) Platinum 8480+ (AMX-BF16, AMX-INT8")
+
+
+def test_amd_avx2_machine():
+    info = cpu_info(AMD)
+    assert info.isa == ("AVX2",) and info.slug == "amd-epyc-7b13-64-core-processor-avx2"
+    assert "(AVX2; " in info.label
+
+
+def test_no_cpuinfo_still_names_something():
+    assert parse_cpuinfo("") == (None, set())
+    info = cpu_info("")
+    assert info.model and info.isa == () and info.isa_label == "no AVX2" and info.logical_cores >= 1

@@ -1,0 +1,93 @@
+"""The latency profile: lookup, costs, files, measuring on a tiny model, and the choice it drives."""
+
+import json
+
+import pytest
+
+from tests.conftest import tiny
+from viasd_adapters.profile import (
+    LatencyEntry, LatencyProfile, ProfileGrid, choose_configuration, load_profile, measure_profile,
+    missing_points, time_forwards,
+)
+
+T, D = "target-1.5b", "draft-0.5b"
+
+
+def profile_of(table: dict, threads: int = 2, context: int = 128) -> LatencyProfile:
+    """{(model, dtype): {new_tokens: ms}} -> a profile."""
+    return LatencyProfile(entries=[
+        LatencyEntry(model, dtype, threads, context, n, ms)
+        for (model, dtype), row in table.items() for n, ms in row.items()
+    ])
+
+
+# Issue 12's measurements: Intel AMX (bf16 verify nearly free) and AMD Zen 3 (a verify of M
+# tokens costs nearly M steps in bf16; fp32 is slower per step but grows less).
+INTEL = profile_of({(T, "bfloat16"): {1: 216, 8: 223, 16: 242}, (D, "bfloat16"): {1: 101},
+                    (T, "float32"): {1: 279, 8: 814}, (D, "float32"): {1: 150}})
+AMD = profile_of({(T, "bfloat16"): {1: 287, 4: 832, 8: 1530, 16: 2756}, (D, "bfloat16"): {1: 98, 4: 274},
+                  (T, "float32"): {1: 497, 4: 1658, 8: 1628, 16: 2268}})
+
+
+def test_ms_interpolates_tokens_and_picks_the_nearest_context():
+    p = LatencyProfile(entries=[
+        LatencyEntry(T, "bfloat16", 1, 128, 1, 100.0), LatencyEntry(T, "bfloat16", 1, 128, 5, 140.0),
+        LatencyEntry(T, "bfloat16", 1, 512, 1, 130.0), LatencyEntry(T, "bfloat16", 1, 512, 5, 170.0),
+    ])
+    assert p.ms(T, "bfloat16", 1, 3, context=100) == pytest.approx(120.0)
+    assert p.ms(T, "bfloat16", 1, 3, context=400) == pytest.approx(150.0)
+    assert p.ms(T, "bfloat16", 1, 9, context=128) == pytest.approx(180.0)  # extended by the last segment
+    with pytest.raises(KeyError, match="run viasd-profile"):
+        p.ms(T, "float32", 1, 1)
+    assert not p.has(T, "bfloat16", 1, layers=20)  # a slim view is a separate entry
+
+
+def test_draft_costs_are_ratios_to_the_target_step():
+    costs = INTEL.draft_costs(D, T, "bfloat16", "bfloat16", threads=2, max_tokens=9)
+    assert costs.draft_step == pytest.approx(101 / 216)
+    assert costs.verify[0] == 1.0 and costs.verify[7] == pytest.approx(223 / 216)
+
+
+def test_the_intel_profile_chooses_sd_in_bf16_and_the_amd_one_greedy_ar():
+    intel = choose_configuration(INTEL, D, T, acceptance=0.8, threads=2)
+    assert (intel.framework, intel.dtype, intel.draft_dtype) == ("sd", "bfloat16", "bfloat16")
+    assert intel.num_draft_tokens >= 2 and intel.expected_speedup > 1.1
+    assert intel.expected_tokens_per_second == pytest.approx(intel.expected_speedup * 1000 / 216)
+    amd = choose_configuration(AMD, D, T, acceptance=0.8, threads=2)
+    assert (amd.framework, amd.dtype, amd.num_draft_tokens) == ("ar", "bfloat16", 0)
+    assert "no draft length beats it" in amd.describe()
+    with pytest.raises(ValueError, match="run viasd-profile"):
+        choose_configuration(INTEL, D, T, acceptance=0.8, threads=1)
+
+
+def test_merge_save_and_load(tmp_path):
+    a = profile_of({(T, "bfloat16"): {1: 200.0, 2: 210.0}})
+    b = profile_of({(T, "bfloat16"): {2: 220.0}, (D, "bfloat16"): {1: 90.0}})
+    merged = a.merge(b)
+    assert merged.ms(T, "bfloat16", 2, 2) == 220.0 and merged.ms(T, "bfloat16", 2, 1) == 200.0
+    assert len(merged.entries) == 3
+    path = merged.save(tmp_path / "p" / "cpu.json")
+    assert load_profile(path).entries == merged.entries
+    assert json.loads(path.read_text())["format"] == 1
+    with pytest.raises(FileNotFoundError, match="viasd-profile"):
+        load_profile(tmp_path / "missing.json")
+
+
+def test_time_forwards_and_measure_profile_on_a_tiny_model():
+    model = tiny(seed=0).model
+    times = time_forwards(model, context=16, new_tokens=[1, 4], repeats=2)
+    assert set(times) == {1, 4} and all(len(v) == 2 and min(v) > 0 for v in times.values())
+    grid = ProfileGrid(models=["a", "b", "a"], dtypes=["float32"], threads=[1, 64], new_tokens=[1, 3], contexts=[0, 8], repeats=1)
+    assert grid.models == ["a", "b"]
+    loads = []
+    profile = measure_profile(grid, load=lambda name, dtype, device: loads.append(name) or model, progress=False)
+    assert loads == ["a", "b"]  # each model loaded once per dtype
+    threads = {e.threads for e in profile.entries}
+    assert 1 in threads and 64 not in threads  # clipped to the cores there are
+    assert len(profile.entries) == 2 * len(threads) * 2 * 2
+    assert profile.cpu["model"] and profile.hardware and profile.torch_version
+    assert missing_points(profile, grid) is None
+    wider = ProfileGrid(models=["a", "b"], dtypes=["float32", "bfloat16"], threads=[1])
+    assert missing_points(profile, wider).dtypes == ["bfloat16"]
+    with pytest.raises(ValueError, match="at least one model"):
+        ProfileGrid(models=[])

@@ -1,0 +1,144 @@
+"""`viasd-profile`: measure (once) and cache this device's latency profile, pick the fastest
+lossless configuration for the model pair from it, and optionally decode a prompt with that
+configuration beside greedy AR (what `make demo` runs)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from ..decode import AutoregressiveDecoder, GenerationResult, SpeculativeDecoder
+from ..decode.schedule import AdaptiveDraftLength
+from ..draft import ModelDrafter
+from ..hardware import cpu_info
+from ..models import load_model
+from ..pipeline import encode_prompt
+from ..profile import (
+    Choice, LatencyProfile, ProfileGrid, choose_configuration, default_profile_path, load_profile,
+    measure_profile, missing_points,
+)
+from ..verify import LosslessVerifier
+from . import CONFIG_DIR
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Decoded:
+    """One prompt decoded by one configuration."""
+
+    label: str
+    result: GenerationResult
+    text: str
+
+
+@dataclass
+class ProfileOutcome:
+    path: Path  # where the profile is cached
+    profile: LatencyProfile
+    measured: bool  # whether this run measured anything
+    choice: Choice
+    decoded: list[Decoded]  # [greedy AR, chosen configuration] when a prompt was given
+
+
+def pair_loader(model_pair: DictConfig):
+    """load(name, dtype, device) -> model, for the two models of a `model_pair` config."""
+    specs = {model_pair[role].name: model_pair[role] for role in ("draft", "target")}
+
+    def load(name: str, dtype: str, device: str) -> torch.nn.Module:
+        return load_model(instantiate(specs[name], dtype=dtype, device=device)).model
+
+    return load
+
+
+def ensure_profile(
+    grid: ProfileGrid, path: Path, device: str, load=None, remeasure: bool = False, progress: bool = True
+) -> tuple[LatencyProfile, bool]:
+    """The cached profile at `path`, after measuring whatever part of `grid` it lacks."""
+    cached = None if remeasure or not path.exists() else load_profile(path, device)
+    todo = missing_points(cached, grid, device)
+    if todo is None:
+        return cached, False
+    logger.info("measuring the latency profile: %d model x dtype x threads x context points", todo.points)
+    fresh = measure_profile(todo, device, load, progress=progress)
+    profile = cached.merge(fresh) if cached else fresh
+    profile.save(path)
+    logger.info("latency profile cached in %s", path)
+    return profile, True
+
+
+def decode_both(cfg: DictConfig, profile: LatencyProfile, choice: Choice) -> list[Decoded]:
+    """Greedy AR and the chosen configuration on `cfg.prompt`, each warmed up once first."""
+    device = cfg.runtime.device
+    pair = cfg.model_pair
+    target = load_model(instantiate(pair.target, dtype=choice.dtype, device=device))
+    decoders = {f"greedy AR ({choice.dtype})": AutoregressiveDecoder(target.model)}
+    if choice.framework == "sd":
+        draft = load_model(instantiate(pair.draft, dtype=choice.draft_dtype, device=device))
+        schedule = AdaptiveDraftLength(
+            lambda threads: profile.draft_costs(pair.draft.name, pair.target.name, choice.dtype, choice.draft_dtype,
+                                                threads, cfg.context, cfg.k_max + 1),
+            k_max=cfg.k_max, prior_acceptance=choice.acceptance,
+        )
+        label = f"SD (target {choice.dtype}, draft {choice.draft_dtype}, adaptive K from {choice.num_draft_tokens})"
+        decoders[label] = SpeculativeDecoder(ModelDrafter(draft.model), LosslessVerifier(target.model), draft_length=schedule)
+    ids = encode_prompt(target, cfg.prompt, cfg.chat_template)
+    sampling = instantiate(cfg.sampling)
+    out = []
+    for label, decoder in decoders.items():
+        decoder.generate(ids, 4, sampling, target.stop_token_ids)  # warm-up: kernels and allocator
+        result = decoder.generate(ids, cfg.max_new_tokens, sampling, target.stop_token_ids)
+        out.append(Decoded(label, result, target.tokenizer.decode(result.tokens, skip_special_tokens=True)))
+    return out
+
+
+def run(cfg: DictConfig) -> ProfileOutcome:
+    device = cfg.runtime.device
+    grid = instantiate(cfg.grid, _convert_="all")
+    path = Path(cfg.profile_path) if cfg.profile_path else default_profile_path(device)
+    profile, measured = ensure_profile(grid, path, device, pair_loader(cfg.model_pair), cfg.remeasure, cfg.progress)
+    threads = cfg.threads or min(cpu_info().logical_cores, max(grid.threads))
+    choice = choose_configuration(
+        profile, cfg.model_pair.draft.name, cfg.model_pair.target.name, cfg.acceptance, threads,
+        dtypes=grid.dtypes, k_max=cfg.k_max, context=cfg.context,
+    )
+    decoded = []
+    if cfg.prompt:
+        saved = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            decoded = decode_both(cfg, profile, choice)
+        finally:
+            torch.set_num_threads(saved)
+    return ProfileOutcome(path, profile, measured, choice, decoded)
+
+
+def report(outcome: ProfileOutcome) -> str:
+    lines = [f"latency profile: {outcome.path} ({outcome.profile.hardware}; torch {outcome.profile.torch_version})"]
+    lines.append(f"fastest lossless configuration: {outcome.choice.describe()}")
+    if outcome.decoded:
+        lines += ["", outcome.decoded[-1].text, ""]
+        base = outcome.decoded[0].result
+        for d in outcome.decoded:
+            s = d.result.stats
+            same = "same tokens as greedy AR" if d.result.tokens == base.tokens else "tokens differ from greedy AR"
+            lines.append(
+                f"{d.label}: {s.tokens_per_second:.2f} tok/s, {s.tokens_per_second / base.stats.tokens_per_second:.2f}x greedy AR"
+                f" ({s.new_tokens} tokens, mean accepted length {s.mean_accepted_length:.2f}; {same})"
+            )
+    return "\n".join(lines)
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="profile", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    print(report(run(cfg)))
+
+
+if __name__ == "__main__":
+    main()

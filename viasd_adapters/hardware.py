@@ -1,0 +1,107 @@
+"""What machine a figure was measured on: the CPU's model name and the instruction sets that
+decide which kernels torch can use (AMX tiles, AVX-512, AVX2), and how the clock is read."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+CPUINFO = Path("/proc/cpuinfo")
+
+# /proc/cpuinfo flag -> the instruction set it names, fastest matrix path first.
+ISA_FLAGS = {
+    "amx_bf16": "AMX-BF16",
+    "amx_int8": "AMX-INT8",
+    "avx512_bf16": "AVX512-BF16",
+    "avx512f": "AVX-512",
+    "avx2": "AVX2",
+}
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """The CPU a process runs on."""
+
+    model: str  # "model name" of /proc/cpuinfo (platform.processor() elsewhere)
+    isa: tuple[str, ...]  # the matrix-relevant instruction sets present, names of ISA_FLAGS
+    logical_cores: int  # cores this process may run on (its affinity mask)
+
+    @property
+    def isa_label(self) -> str:
+        """'AMX-BF16, AMX-INT8, AVX-512, AVX2' or 'no AVX2' when none of them is there."""
+        return ", ".join(self.isa) or "no AVX2"
+
+    @property
+    def label(self) -> str:
+        """One line for table titles: 'Intel(R) Xeon(R) Processor (AMX-BF16, ..., AVX2; 2 cores)'."""
+        return f"{self.model} ({self.isa_label}; {self.logical_cores} cores)"
+
+    @property
+    def slug(self) -> str:
+        """A file name for this CPU: its model and best ISA ('intel-r-xeon-r-processor-amx')."""
+        best = next((tag for tag in ("amx", "avx512", "avx2") if any(tag in i.lower().replace("-", "") for i in self.isa)), "base")
+        name = re.sub(r"[^a-z0-9]+", "-", self.model.lower()).strip("-") or "cpu"
+        return f"{name}-{best}"
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["isa"] = list(self.isa)
+        return out
+
+
+def parse_cpuinfo(text: str) -> tuple[str | None, set[str]]:
+    """(model name, flags) of the first processor block of a /proc/cpuinfo text."""
+    model, flags = None, set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and model is None:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+        if model is not None and flags:
+            break
+    return model, flags
+
+
+def cpu_info(cpuinfo_text: str | None = None) -> CpuInfo:
+    """This machine's CPU (or the one described by `cpuinfo_text`, a /proc/cpuinfo text)."""
+    if cpuinfo_text is None:
+        try:
+            cpuinfo_text = CPUINFO.read_text()
+        except OSError:
+            cpuinfo_text = ""
+    model, flags = parse_cpuinfo(cpuinfo_text)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return CpuInfo(
+        model=model or platform.processor() or platform.machine() or "unknown CPU",
+        isa=tuple(name for flag, name in ISA_FLAGS.items() if flag in flags),
+        logical_cores=cores,
+    )
+
+
+def device_label(device: torch.device | str) -> str:
+    """The compute device a figure ran on: the CPU's label, or the accelerator's name."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device)
+    return cpu_info().label
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for queued work on `device` (a no-op on CPU): call before reading a clock."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "xpu" and hasattr(torch, "xpu"):
+        torch.xpu.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
