@@ -1,8 +1,10 @@
 """Aggregation and rendering of hand-made records."""
 
+import math
+
 import pytest
 
-from viasd_adapters.bench.report import build_report, pooled_tier_shares, tier_names
+from viasd_adapters.bench.report import ablation, build_report, pooled_tier_shares, tier_names
 
 
 def record(method, prompt_id, rep, tps, tiers, quality=None, metric=None, category="c", cores=1, same=None):
@@ -52,3 +54,20 @@ def test_report_medians_means_and_dashes():
     assert "No baseline ran at the cores of w (2 cores)" in text
     with pytest.raises(ValueError, match="no records"):
         build_report([], "ar", None)
+
+
+def test_ablation_gains_and_log_shares():
+    records = []
+    for pid in (1, 2, 3):
+        records += [record("sd", pid, 0, 2.0, {}), record("a", pid, 0, 2.4, {}), record("b", pid, 0, 3.0, {}),
+                    record("ab", pid, 0, 3.3, {})]
+    text, rows = ablation(records, "sd", ["a", "b"], "ab")
+    by = {r["method"]: r for r in rows}
+    assert by["a"]["gain"] == pytest.approx(1.2) and by["b"]["gain"] == pytest.approx(1.5)
+    assert by["a"]["share"] == pytest.approx(math.log(1.2) / math.log(1.65))
+    inter = rows[-1]
+    assert inter["gain"] == pytest.approx(1.65 / 1.8)  # less than the product of the levers alone
+    assert by["a"]["share"] + by["b"]["share"] + inter["share"] == pytest.approx(1.0)
+    assert "| a | 1.20 | 36% |" in text
+    with pytest.raises(ValueError, match=r"methods \['c'\] are not in this run"):
+        ablation(records, "sd", ["c"])

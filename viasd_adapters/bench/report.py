@@ -236,3 +236,50 @@ def build_report(records: list[dict], baseline: str, host: str | None, title: st
         "cost_per_token": summarize(records, costs, ("method",)),
     }
     return "\n".join(text), summary
+
+
+def paired_ratios(records: list[dict], method: str, reference: str) -> list[float]:
+    """tokens/s of `method` over `reference` per (prompt, repetition) both decoded."""
+    ref = {(r["prompt_id"], r["rep"]): r["tokens_per_second"] for r in records if r["method"] == reference}
+    return [
+        r["tokens_per_second"] / ref[(r["prompt_id"], r["rep"])]
+        for r in records
+        if r["method"] == method and ref.get((r["prompt_id"], r["rep"]))
+    ]
+
+
+def ablation(records: list[dict], reference: str, levers: list[str], combined: str | None = None) -> tuple[str, list[dict]]:
+    """Each lever's gain over `reference` (the method without levers) and its share of the gain.
+
+    Gains are medians of paired ratios; shares split the log-gain, so the levers' shares and the
+    interaction (what the combination gains beyond the product of the levers alone) add up to
+    the combination's log-gain: share_i = ln g_i / ln g_combined.
+    """
+    import math
+
+    methods = {r["method"] for r in records}
+    missing = [m for m in [reference, *levers, *([combined] if combined else [])] if m not in methods]
+    if missing:
+        raise ValueError(f"ablation: methods {missing} are not in this run's records: add them to method=[...]")
+    rows = []
+    total = median(paired_ratios(records, combined, reference)) if combined else None
+    log_total = math.log(total) if total and total != 1 else None
+    for lever in levers:
+        gain = median(paired_ratios(records, lever, reference))
+        share = math.log(gain) / log_total if gain and log_total else None
+        rows.append({"method": lever, "gain": gain, "share": share})
+    if combined:
+        alone = sum(math.log(r["gain"]) for r in rows if r["gain"])
+        rows.append({"method": f"{combined} (all levers)", "gain": total, "share": 1.0 if log_total else None})
+        rows.append({
+            "method": "interaction (combined beyond the product of the levers alone)",
+            "gain": math.exp(math.log(total) - alone) if total else None,
+            "share": (math.log(total) - alone) / log_total if log_total else None,
+        })
+    fmt = lambda v, f: DASH if v is None else f.format(v)  # noqa: E731
+    lines = [
+        f"| lever (method) | speedup vs {reference} | share of the combined gain |",
+        "|---|---|---|",
+        *(f"| {r['method']} | {fmt(r['gain'], '{:.2f}')} | {fmt(r['share'], '{:.0%}')} |" for r in rows),
+    ]
+    return "\n".join(lines), rows

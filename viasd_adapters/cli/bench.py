@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..bench import plots
 from ..bench.harness import BenchSettings, Harness, Method
-from ..bench.report import build_report
+from ..bench.report import ablation, build_report
 from ..hardware import cpu_info, device_label
 from ..pipeline import build_decoder, load_pair, uses_draft_model
 from . import CONFIG_DIR, set_threads
@@ -61,6 +61,10 @@ def run(cfg: DictConfig) -> BenchOutcome:
 
     if not cfg.method:
         raise ValueError("no method to run: pass method=[ar,sd,...] (files in conf/method/)")
+    if cfg.get("ablation"):
+        named = [cfg.ablation.reference, *cfg.ablation.levers, *([cfg.ablation.combined] if cfg.ablation.get("combined") else [])]
+        if missing := [m for m in named if m not in cfg.method]:
+            raise ValueError(f"ablation names methods {missing} that are not in method=[...]: add them")
     settings = BenchSettings(
         repetitions=cfg.repetitions,
         warmup=cfg.warmup,
@@ -105,6 +109,11 @@ def run(cfg: DictConfig) -> BenchOutcome:
 
     title = f"{task.name} on {cfg.model_pair.name} ({cfg.runtime.dtype}, {context['hardware']})"
     table, summary = build_report(records, harness.settings.baseline, harness.settings.host, title)
+    if cfg.get("ablation"):
+        spec = cfg.ablation
+        text, rows = ablation(records, spec.reference, list(spec.levers), spec.get("combined"))
+        table += f"\n### Ablation: each lever against {spec.reference}\n\n{text}\n\nGains are medians of paired ratios; shares are each lever's log-gain over the combination's.\n"
+        summary["ablation"] = rows
     if harness.skipped:
         table += f"\nSkipped (longer than the context window): {', '.join(harness.skipped)}.\n"
     (out_dir / "table.md").write_text(table)
