@@ -82,6 +82,7 @@ class LatencyProfile:
     created: str = ""
     entries: list[LatencyEntry] = field(default_factory=list)
     format: int = FORMAT
+    loadavg_1m: list[float] = field(default_factory=list)  # machine load at the start and end of the measurement
 
     # -- lookup -----------------------------------------------------------------------------
     def _matching(self, model: str, dtype: str, threads: int, layers: int | None) -> list[LatencyEntry]:
@@ -121,7 +122,8 @@ class LatencyProfile:
         """This profile with `other`'s entries added; `other` wins where both measured a key."""
         entries = {e.key: e for e in self.entries}
         entries.update({e.key: e for e in other.entries})
-        return LatencyProfile(other.device, other.hardware, other.cpu, other.torch_version, other.created, list(entries.values()))
+        return LatencyProfile(other.device, other.hardware, other.cpu, other.torch_version, other.created,
+                              list(entries.values()), loadavg_1m=self.loadavg_1m + other.loadavg_1m)
 
     # -- files ------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -262,6 +264,7 @@ def measure_profile(
 
     load = load or _load_from_zoo
     saved = torch.get_num_threads()
+    load_start = os.getloadavg()[0]
     threads = usable_threads(grid.threads, device)
     if threads != grid.threads:
         logger.warning("profiling threads %s of %s: this machine has %d cores", threads, grid.threads, cpu_info().logical_cores)
@@ -291,6 +294,7 @@ def measure_profile(
         torch_version=torch.__version__,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         entries=entries,
+        loadavg_1m=[load_start, os.getloadavg()[0]],
     )
 
 

@@ -120,7 +120,9 @@ def run(cfg: DictConfig) -> ProfileOutcome:
 
 
 def report(outcome: ProfileOutcome) -> str:
-    lines = [f"latency profile: {outcome.path} ({outcome.profile.hardware}; torch {outcome.profile.torch_version})"]
+    p = outcome.profile
+    load = f"; 1-min load {min(p.loadavg_1m):.1f}-{max(p.loadavg_1m):.1f} while measured" if p.loadavg_1m else ""
+    lines = [f"latency profile: {outcome.path} ({p.hardware}; torch {p.torch_version}{load})"]
     lines.append(f"fastest lossless configuration: {outcome.choice.describe()}")
     if outcome.decoded:
         lines += ["", outcome.decoded[-1].text, ""]
