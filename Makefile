@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 # The fastest lossless configuration for this machine, chosen from its latency profile (measured
 # once, a few minutes, then cached), decoded beside greedy AR with both speeds printed.
 demo: setup
-	$(BIN)/viasd-profile model_pair=qwen2.5-coder-0.5b-1.5b \
+	$(BIN)/viasd-profile model_pair=qwen2.5-coder-0.5b-1.5b 'grid.contexts=[256]' 'grid.new_tokens=[1,2,4,8]' \
 		prompt="Write a Python function that returns the n-th Fibonacci number."
 
 test: setup

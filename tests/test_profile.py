@@ -60,6 +60,15 @@ def test_the_intel_profile_chooses_sd_in_bf16_and_the_amd_one_greedy_ar():
         choose_configuration(INTEL, D, T, acceptance=0.8, threads=1)
 
 
+def test_the_choice_takes_the_faster_thread_count():
+    # A busy host: two threads are slower than one (a 2-thread op waits for its slower thread).
+    busy = LatencyProfile(entries=INTEL.entries + profile_of(
+        {(T, "bfloat16"): {1: 400, 8: 420, 16: 450}, (D, "bfloat16"): {1: 190}}, threads=1).entries)
+    busy.entries = [e if e.threads == 1 else LatencyEntry(e.model, e.dtype, 2, e.context, e.new_tokens, e.ms * 3) for e in busy.entries]
+    choice = choose_configuration(busy, D, T, acceptance=0.8, threads=[1, 2])
+    assert choice.threads == 1 and choice.dtype == "bfloat16"
+
+
 def test_merge_save_and_load(tmp_path):
     a = profile_of({(T, "bfloat16"): {1: 200.0, 2: 210.0}})
     b = profile_of({(T, "bfloat16"): {2: 220.0}, (D, "bfloat16"): {1: 90.0}})

@@ -351,38 +351,40 @@ def choose_configuration(
     draft: str,
     target: str,
     acceptance: float,
-    threads: int,
+    threads: int | Iterable[int],
     dtypes: Iterable[str] = ("bfloat16", "float32"),
     draft_dtypes: Iterable[str] | None = None,
     k_max: int = 8,
     context: int = 256,
 ) -> Choice:
-    """The (target dtype, draft dtype, K) with the most expected tokens per second.
+    """The (threads, target dtype, draft dtype, K) with the most expected tokens per second.
 
     Expected tokens/s = S(a, K) / (target step in ms) * 1000; AR (K = 0) competes too, so a
-    pair whose drafting cannot pay on this device decodes greedily. Dtypes the profile lacks
-    are skipped (an error when none is left).
+    pair whose drafting cannot pay on this device decodes greedily. Given several thread
+    counts, the fastest wins (on a busy host one thread can beat two). Dtypes and thread counts
+    the profile lacks are skipped (an error when none is left).
     """
     dtypes = list(dtypes)
-    draft_dtypes = [d for d in (draft_dtypes or dtypes) if profile.has(draft, d, threads)]
-    dtypes = [d for d in dtypes if profile.has(target, d, threads)]
-    if not dtypes or not draft_dtypes:
+    draft_dtypes = list(draft_dtypes or dtypes)
+    best: Choice | None = None
+    for t in [threads] if isinstance(threads, int) else list(threads):
+        targets = [d for d in dtypes if profile.has(target, d, t)]
+        drafts = [d for d in draft_dtypes if profile.has(draft, d, t)]
+        for dtype in targets:
+            step_ms = profile.ms(target, dtype, t, 1, context)
+            ar = 1000.0 / step_ms
+            options = [Choice("ar", dtype, None, 0, 1.0, ar, ar, t, acceptance)]
+            for draft_dtype in drafts:
+                costs = profile.draft_costs(draft, target, dtype, draft_dtype, t, context, k_max + 1)
+                k = best_draft_length(acceptance, costs, k_max)
+                s = expected_speedup(acceptance, k, costs)
+                options.append(Choice("sd", dtype, draft_dtype, k, s, s * ar, ar, t, acceptance))
+            for option in options:
+                if best is None or option.expected_tokens_per_second > best.expected_tokens_per_second:
+                    best = option
+    if best is None:
         raise ValueError(
-            f"the profile lacks {target} or {draft} at {threads} thread(s) in the dtypes asked for:"
+            f"the profile lacks {target} at thread count(s) {threads} in the dtypes {dtypes}:"
             " run viasd-profile for this pair and thread count"
         )
-    best: Choice | None = None
-    for dtype in dtypes:
-        step_ms = profile.ms(target, dtype, threads, 1, context)
-        ar = 1000.0 / step_ms
-        options = [Choice("ar", dtype, None, 0, 1.0, ar, ar, threads, acceptance)]
-        for draft_dtype in draft_dtypes:
-            costs = profile.draft_costs(draft, target, dtype, draft_dtype, threads, context, k_max + 1)
-            k = best_draft_length(acceptance, costs, k_max)
-            s = expected_speedup(acceptance, k, costs)
-            options.append(Choice("sd", dtype, draft_dtype, k, s, s * ar, ar, threads, acceptance))
-        for option in options:
-            if best is None or option.expected_tokens_per_second > best.expected_tokens_per_second:
-                best = option
-    assert best is not None
     return best

@@ -16,12 +16,11 @@ from omegaconf import DictConfig
 from ..decode import AutoregressiveDecoder, GenerationResult, SpeculativeDecoder
 from ..decode.schedule import AdaptiveDraftLength
 from ..draft import ModelDrafter
-from ..hardware import cpu_info
 from ..models import load_model
 from ..pipeline import encode_prompt
 from ..profile import (
     Choice, LatencyProfile, ProfileGrid, choose_configuration, default_profile_path, load_profile,
-    measure_profile, missing_points,
+    measure_profile, missing_points, usable_threads,
 )
 from ..verify import LosslessVerifier
 from . import CONFIG_DIR
@@ -103,7 +102,7 @@ def run(cfg: DictConfig) -> ProfileOutcome:
     grid = instantiate(cfg.grid, _convert_="all")
     path = Path(cfg.profile_path) if cfg.profile_path else default_profile_path(device)
     profile, measured = ensure_profile(grid, path, device, pair_loader(cfg.model_pair), cfg.remeasure, cfg.progress)
-    threads = cfg.threads or min(cpu_info().logical_cores, max(grid.threads))
+    threads = [cfg.threads] if cfg.threads else usable_threads(grid.threads, device)
     choice = choose_configuration(
         profile, cfg.model_pair.draft.name, cfg.model_pair.target.name, cfg.acceptance, threads,
         dtypes=grid.dtypes, k_max=cfg.k_max, context=cfg.context,
@@ -111,7 +110,7 @@ def run(cfg: DictConfig) -> ProfileOutcome:
     decoded = []
     if cfg.prompt:
         saved = torch.get_num_threads()
-        torch.set_num_threads(threads)
+        torch.set_num_threads(choice.threads)
         try:
             decoded = decode_both(cfg, profile, choice)
         finally:
