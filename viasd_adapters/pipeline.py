@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass
 
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
+from transformers import PreTrainedTokenizerBase
+from transformers.generation.streamers import BaseStreamer
 
 from .decode import Decoder, GenerationResult
 from .models import LoadedModel, load_model
@@ -82,16 +85,25 @@ def build_decoder(framework: DictConfig, verifier: DictConfig, pair: ModelPair) 
 
 def encode_prompt(target: LoadedModel, prompt: str, chat_template: bool = True) -> torch.Tensor:
     """Prompt text -> [1, T] ids on the target's device, in the chat template if it has one."""
+    return encode_text(target.tokenizer, prompt, chat_template).to(target.model.device)
+
+
+def encode_text(tokenizer: PreTrainedTokenizerBase, prompt: str, chat_template: bool = True) -> torch.Tensor:
+    """Prompt text -> [1, T] ids (on the CPU), as a user turn of the chat template if it has one."""
+    if not isinstance(prompt, str):
+        raise TypeError(f"the prompt must be a string, got {type(prompt).__name__}")
     if not prompt.strip():
         raise ValueError('the prompt is empty: pass prompt="..."')
-    tokenizer = target.tokenizer
     if chat_template and tokenizer.chat_template:
         messages = [{"role": "user", "content": prompt}]
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
-    else:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
-    return ids.to(target.model.device)
+        return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    return tokenizer(prompt, return_tensors="pt").input_ids
+
+
+def streams(decoder: Decoder) -> bool:
+    """Whether `decoder.generate` takes a `streamer` (the core loops do; some host loops do not)."""
+    return "streamer" in inspect.signature(decoder.generate).parameters
 
 
 @dataclass
@@ -108,10 +120,15 @@ class Pipeline:
         pair = load_pair(cfg.model_pair, with_draft)
         return cls(build_decoder(cfg.framework, cfg.verifier, pair), pair, cfg.chat_template)
 
-    def generate(self, prompt: str, max_new_tokens: int, sampling: SamplingConfig) -> GenerationResult:
+    def encode(self, prompt: str) -> torch.Tensor:
+        return encode_prompt(self.pair.target, prompt, self.chat_template)
+
+    def generate(self, prompt: str, max_new_tokens: int, sampling: SamplingConfig,
+                 streamer: BaseStreamer | None = None) -> GenerationResult:
+        """Decode `prompt`; `streamer` is passed on when the decoder streams (see `streams`)."""
         target = self.pair.target
-        ids = encode_prompt(target, prompt, self.chat_template)
-        return self.decoder.generate(ids, max_new_tokens, sampling, target.stop_token_ids)
+        extra = {"streamer": streamer} if streamer is not None and streams(self.decoder) else {}
+        return self.decoder.generate(self.encode(prompt), max_new_tokens, sampling, target.stop_token_ids, **extra)
 
     def decode(self, tokens: list[int]) -> str:
         return self.pair.target.tokenizer.decode(tokens, skip_special_tokens=True)

@@ -1,27 +1,101 @@
-"""`viasd-generate`: decode one prompt with the configured model pair, framework and verifier."""
+"""`viasd-generate`: decode one prompt with the configured model pair, framework and verifier.
+
+    viasd-generate prompt="Write a haiku about caches."
+    viasd-generate prompt_file=question.txt framework=sd verifier=tiered    # any characters
+    echo "What is 2 + 2?" | viasd-generate prompt_file=-                     # stdin
+"""
 
 from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
+from tqdm.auto import tqdm
+from transformers.generation.streamers import BaseStreamer
 
+from ..api import describe
 from ..decode import GenerationResult
-from ..pipeline import Pipeline
-from . import CONFIG_DIR
+from ..pipeline import Pipeline, streams
+from . import CONFIG_DIR, set_threads
+
+logger = logging.getLogger(__name__)
 
 
-def run(cfg: DictConfig) -> tuple[str, GenerationResult]:
+@dataclass
+class GenerateOutcome:
+    """What one `viasd-generate` run produced."""
+
+    text: str  # the new text, special tokens removed
+    result: GenerationResult  # new token ids and `DecodeStats`
+    method: str  # what ran, e.g. "VIA-SD on SD" (`viasd_adapters.api.describe`)
+    prompt: str  # the user message as read (from `prompt`, `prompt_file` or stdin)
+    prompt_tokens: int  # T, after the chat template
+
+    def stats_line(self) -> str:
+        return f"[{self.method}] {self.result.stats.summary()}"
+
+
+class TokenProgress(BaseStreamer):
+    """A tqdm bar over new tokens, fed by a decoder's streamer calls (the first call is the prompt)."""
+
+    def __init__(self, total: int, enabled: bool = True, desc: str = "generating"):
+        # disable=None: tqdm turns itself off when stderr is not a terminal.
+        self.bar = tqdm(total=total, unit="tok", desc=desc, file=sys.stderr, leave=False,
+                        disable=None if enabled else True)
+        self.prompt_seen = False
+
+    def put(self, value) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.bar.update(int(value.numel()))
+
+    def end(self) -> None:
+        self.bar.close()
+
+
+def read_prompt(cfg: DictConfig) -> str:
+    """The prompt: `prompt_file` ("-" for stdin, read as UTF-8) when set, else `prompt`."""
+    source = cfg.get("prompt_file")
+    if source is None:
+        return cfg.prompt
+    if str(source) == "-":
+        text = sys.stdin.read()
+    else:
+        path = Path(str(source)).expanduser()
+        if not path.is_file():
+            raise ValueError(f"prompt_file {str(path)!r} does not exist: give a text file, or prompt_file=- for stdin")
+        text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        raise ValueError(f"the prompt read from {'stdin' if str(source) == '-' else source} is empty")
+    return text.rstrip("\n")
+
+
+def run(cfg: DictConfig) -> GenerateOutcome:
+    set_threads(cfg.get("threads"))
+    prompt = read_prompt(cfg)  # before loading: a missing file fails fast
+    sampling = instantiate(cfg.sampling)
     pipeline = Pipeline.from_config(cfg)
-    result = pipeline.generate(cfg.prompt, cfg.max_new_tokens, instantiate(cfg.sampling))
-    return pipeline.decode(result.tokens), result
+    method = describe(pipeline.decoder)
+    ids = pipeline.encode(prompt)
+    progress = TokenProgress(cfg.max_new_tokens, enabled=bool(cfg.progress), desc=method)
+    if cfg.progress and not streams(pipeline.decoder):
+        logger.info("%s's loop does not stream: no progress bar", method)
+    result = pipeline.generate(prompt, cfg.max_new_tokens, sampling, streamer=progress)
+    progress.end()
+    return GenerateOutcome(pipeline.decode(result.tokens), result, method, prompt, ids.shape[1])
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="generate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    text, result = run(cfg)
-    print(text)
-    print(f"[{cfg.framework.name}] {result.stats.summary()}")
+    outcome = run(cfg)
+    print(outcome.text)
+    print(outcome.stats_line())
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
+from transformers.generation.streamers import BaseStreamer
 
 from ..draft.base import Drafter
 from ..hardware import synchronize
@@ -30,7 +31,8 @@ class GenerationResult:
 class _Progress:
     """The committed sequence and the two ways a generation ends (stop token, budget)."""
 
-    def __init__(self, input_ids: torch.Tensor, max_new_tokens: int, stop_token_ids, context_length: int):
+    def __init__(self, input_ids: torch.Tensor, max_new_tokens: int, stop_token_ids, context_length: int,
+                 streamer: BaseStreamer | None = None):
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, tokens], got shape {tuple(input_ids.shape)}")
         B, T = input_ids.shape
@@ -56,6 +58,10 @@ class _Progress:
         self.max_new_tokens = max_new_tokens
         self.stop_token_ids = set(stop_token_ids)
         self.done = False
+        # transformers' streamer protocol: the prompt first, then each commit, then end()
+        self.streamer = streamer
+        if streamer is not None:
+            streamer.put(input_ids.cpu())
 
     @property
     def new_tokens(self) -> list[int]:
@@ -74,6 +80,10 @@ class _Progress:
                 break
         self.ids = torch.cat([self.ids, tokens[None].to(self.ids.device)], dim=1)
         self.done = self.done or self.remaining <= 0
+        if self.streamer is not None:
+            self.streamer.put(tokens.cpu())
+            if self.done:
+                self.streamer.end()
 
 
 class Decoder(ABC):
@@ -86,8 +96,14 @@ class Decoder(ABC):
         max_new_tokens: int,
         sampling: SamplingConfig | None = None,
         stop_token_ids: tuple[int, ...] = (),
+        streamer: BaseStreamer | None = None,
     ) -> GenerationResult:
-        """Generate up to `max_new_tokens` tokens after `input_ids` ([1, T])."""
+        """Generate up to `max_new_tokens` tokens after `input_ids` ([1, T]).
+
+        `streamer` (transformers' `BaseStreamer`: `TextStreamer`, a progress bar, ...) gets the
+        prompt, then every committed chunk of new tokens, then `end()`. Decoders of host
+        frameworks that do not stream leave it out of their signature.
+        """
 
     def cores(self, threads: int) -> int:
         """Cores one generation occupies (torch threads summed over processes and workers) when
@@ -101,9 +117,9 @@ class AutoregressiveDecoder(Decoder):
     def __init__(self, target: PreTrainedModel, name: str = "target"):
         self.runner = CausalLMRunner(target, name)
 
-    def generate(self, input_ids, max_new_tokens, sampling=None, stop_token_ids=()):
+    def generate(self, input_ids, max_new_tokens, sampling=None, stop_token_ids=(), streamer=None):
         sampler = Sampler(sampling or SamplingConfig(), self.runner.device)
-        progress = _Progress(input_ids, max_new_tokens, stop_token_ids, self.runner.context_length)
+        progress = _Progress(input_ids, max_new_tokens, stop_token_ids, self.runner.context_length, streamer)
         self.runner.reset()
         stats = DecodeStats()
         synchronize(input_ids.device)  # the clock starts when queued work (the prompt's copy) is done
@@ -150,9 +166,9 @@ class SpeculativeDecoder(Decoder):
         self.verifier = verifier
         self.draft_length = draft_length or FixedDraftLength(num_draft_tokens)
 
-    def generate(self, input_ids, max_new_tokens, sampling=None, stop_token_ids=()):
+    def generate(self, input_ids, max_new_tokens, sampling=None, stop_token_ids=(), streamer=None):
         sampler = Sampler(sampling or SamplingConfig(), input_ids.device)
-        progress = _Progress(input_ids, max_new_tokens, stop_token_ids, self.verifier.context_length)
+        progress = _Progress(input_ids, max_new_tokens, stop_token_ids, self.verifier.context_length, streamer)
         self.drafter.reset()
         self.verifier.reset()
         self.draft_length.reset()

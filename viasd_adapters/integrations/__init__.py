@@ -1,0 +1,1 @@
+"""Integrations with other libraries' extension points (transformers' `custom_generate`)."""
