@@ -54,8 +54,11 @@ def main(argv: list[str] | None = None) -> dict:
     # viasd_adapters/hosts/eagle/README.md). With stock eagle-llm: EaModel.from_pretrained(...).eval()
     with step(f"loading {args.base} with the EAGLE head {args.head}"):
         model = load_ea_model(pretrained_path(args.base), resolve_head(args.head), dtype=torch.float32)
-    ids = model.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}],
-                                              add_generation_prompt=True, return_tensors="pt")
+    if model.tokenizer.chat_template:
+        ids = model.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}],
+                                                  add_generation_prompt=True, return_tensors="pt")
+    else:  # a base model: the prompt as it is
+        ids = model.tokenizer(args.prompt, return_tensors="pt").input_ids
     T = ids.shape[1]
     runs = {}
 

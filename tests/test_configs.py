@@ -68,7 +68,8 @@ def test_decoders_build_and_decode_on_the_tiny_pair(framework, verifier):
     cfg = compose_generate(
         "model_pair=tiny-random", f"framework={framework}", f"verifier={verifier}", "max_new_tokens=6"
     )
-    assert len(run(cfg).result.tokens) == 6
+    _, result = run(cfg)
+    assert len(result.tokens) == 6
 
 
 def test_every_benchmark_method_builds_on_the_tiny_pair(tmp_path, monkeypatch):

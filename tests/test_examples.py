@@ -74,39 +74,24 @@ def test_pearl_with_and_without_tiers(tiny_folders, tmp_path):
     assert any(line.startswith("VIA-SD on PEARL") and line.endswith("identical to AR: True") for line in lines), stdout
 
 
-def test_upgrade_eagle_on_smollm2(tmp_path):
+def test_upgrade_eagle_deployment(tmp_path):
     pytest.importorskip("eagle.model.utils")
-    torch_threads = torch.get_num_threads()
-    stdout = run_script("upgrade_eagle", "--max-new-tokens", "24", "--threads", "1", cwd=tmp_path)
-    assert torch.get_num_threads() == torch_threads
+    from viasd_adapters.hosts.eagle import build_head, head_config, save_head
+
+    target = tiny(seed=0)  # an "existing deployment": a target folder and an EAGLE head folder
+    target.model.save_pretrained(tmp_path / "target")
+    target.tokenizer.save_pretrained(tmp_path / "target")
+    config = head_config(target.model.config, intermediate_size=96)
+    torch.manual_seed(0)
+    save_head(build_head(config), config, tmp_path / "head", full=False, compact=True)
+    stdout = run_script("upgrade_eagle", "--base", str(tmp_path / "target"), "--head", str(tmp_path / "head"),
+                        "--routing", "tiny-random-1l", "--policy", "0.0", "0.0", "--prompt", "hello",
+                        "--max-new-tokens", "24", "--threads", "1", cwd=tmp_path)
     assert "stock EAGLE: eagenerate" in stdout and "VIA-SD EAGLE: eagenerate" in stdout
     assert stdout.count("done in") == 3  # loading and both generations report their time
     calls = eval(stdout.split("forward calls: ")[1].splitlines()[0])  # noqa: S307 - our own printout
     assert calls["slim"] > 0 and calls["target"] > 0
-    agreement = float(stdout.split("token agreement with stock EAGLE: ")[1].split(";")[0])
-    assert agreement > 0.5  # the 2-layer DIMR mask at 0.9 keeps SmolLM2's greedy text close
-
-
-def test_search_and_calibrate_then_use_both(tmp_path):
-    config_dir = tmp_path / "user-conf"  # where the results are installed, instead of ~/.config
-    calibration = ["calibration.per_category=1", "calibration.max_new_tokens=8", "calibration.max_prompt_tokens=16"]
-    stdout = run_script(
-        "search_and_calibrate", "--model-pair", "tiny-random", "--search", "quick", "--budget", "1", "--name", "mine",
-        "--max-new-tokens", "8", "--threads", "1", "--out-dir", str(tmp_path / "run"),
-        "--search-overrides", "search.config.num_random=2", "search.config.num_tpe=2", "progress=false", *calibration,
-        "--calibrate-overrides", "grid=[[0.9,0.9],[0.5,0.5]]", "max_new_tokens=8", "progress=false",
-        "prompts.per_category=1", "prompts.max_new_tokens=8",
-        cwd=tmp_path, config_dir=config_dir,
-    )
-    assert (config_dir / "routing" / "mine.yaml").is_file() and (config_dir / "policy" / "mine.yaml").is_file()
-    assert (tmp_path / "run" / "search" / "mask.yaml").is_file()
-    assert "$ viasd-generate model_pair=tiny-random verifier=tiered routing=mine policy=mine" in stdout
-    assert "[VIA-SD on SD] new tokens 8 |" in stdout  # the CLI used both
-    assert "-> VIA-SD on SD" in stdout  # and so did Python
-    from viasd_adapters.routing import RoutingMask
-
-    mask = RoutingMask.from_yaml(config_dir / "routing" / "mine.yaml")
-    assert len(mask.skip_layers) == 1 and f"mask: {mask.describe()}" in stdout
+    assert "token agreement with stock EAGLE: " in stdout and "speed ratio" in stdout
 
 
 def test_benchmark_your_own_prompt_file(tmp_path):
@@ -120,18 +105,3 @@ def test_benchmark_your_own_prompt_file(tmp_path):
     records = [line for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines() if line]
     assert len(records) == 2 * 2  # two methods, two prompts, one repetition
     assert "| sd |" in (tmp_path / "run" / "table.md").read_text()
-
-
-def test_readme_starts_with_a_working_five_line_quickstart(tmp_path):
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
-    before = readme.split("```python\n", 1)[0]
-    assert "```" not in before and len(before.splitlines()) < 15  # it is the first thing a reader sees
-    assert len(block.strip().splitlines()) == 5
-    script = tmp_path / "quickstart.py"
-    script.write_text(block, encoding="utf-8")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=ENV,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    text = out.stdout.strip().lower()
-    assert len(text.split()) > 10 and ("sky" in text or "blue" in text), text  # SmolLM2 answered the question

@@ -14,10 +14,9 @@ def ar_output():
 
 
 def test_greedy_sd_is_token_identical_to_ar_fp32(ar_output):
-    text, ar = ar_output.text, ar_output.result
-    sd_run = run(compose_generate(PROMPT, "framework=sd", "max_new_tokens=32"))
-    sd = sd_run.result
-    assert sd.tokens == ar.tokens and sd_run.text == text
+    text, ar = ar_output
+    sd_text, sd = run(compose_generate(PROMPT, "framework=sd", "max_new_tokens=32"))
+    assert sd.tokens == ar.tokens and sd_text == text
     assert "def " in text  # a real model wrote code, not noise
     assert sd.stats.acceptance_rate > 0.3
     assert sd.stats.model_calls["target"].calls < ar.stats.model_calls["target"].calls
@@ -34,8 +33,8 @@ def test_greedy_sd_is_token_identical_to_ar_fp32(ar_output):
 )
 def test_tiered_reductions_equal_greedy_ar_fp32(ar_output, overrides):
     """VIA-SD with the Qwen pair's DIMR mask reduces to lossless SD, hence to AR in fp32."""
-    ar = ar_output.result
-    tiered = run(compose_generate(PROMPT, "framework=sd", "verifier=tiered", "max_new_tokens=32", *overrides)).result
+    _, ar = ar_output
+    _, tiered = run(compose_generate(PROMPT, "framework=sd", "verifier=tiered", "max_new_tokens=32", *overrides))
     assert tiered.tokens == ar.tokens
     slim_calls = tiered.stats.model_calls["slim"].calls if "slim" in tiered.stats.model_calls else 0
     assert (slim_calls == 0) == ("verifier.policy=null" in overrides)

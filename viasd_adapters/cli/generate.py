@@ -38,6 +38,10 @@ class GenerateOutcome:
     def stats_line(self) -> str:
         return f"[{self.method}] {self.result.stats.summary()}"
 
+    def __iter__(self):
+        """`text, result = run(cfg)` keeps working for callers written against the older tuple."""
+        return iter((self.text, self.result))
+
 
 def read_prompt(cfg: DictConfig) -> str:
     """The prompt: `prompt_file` ("-" for stdin, read as UTF-8) when set, else `prompt`."""
