@@ -23,8 +23,10 @@ from omegaconf import DictConfig, OmegaConf
 from ..models import load_model
 from . import CONFIG_DIR, set_threads
 from ..routing import RoutingMask
+from ..bench.costmodel import LatencyProfile
 from ..search import (
     Baselines,
+    ExpectedCost,
     Budget,
     CalibrationConfig,
     MaskSpace,
@@ -54,13 +56,22 @@ class SearchOutput:
 def run(cfg: DictConfig) -> SearchOutput:
     begin = time.perf_counter()
     set_threads(cfg.runtime.get("threads"))
+    search_cfg = SearchConfig(**OmegaConf.to_container(cfg.search.config, resolve=True))
+    expected_cfg = cfg.search.get("expected")
+    if search_cfg.cost == "expected" and not (expected_cfg and expected_cfg.get("profile")):
+        raise ValueError("search.config.cost=expected needs search.expected.profile=PATH (a profile.json of"
+                         " this device: viasd-costmodel mode=profile)")
+    profile = LatencyProfile.load(expected_cfg.profile) if search_cfg.cost == "expected" else None
     loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))
+    expected = None
+    if profile is not None:
+        fields = {k: v for k, v in OmegaConf.to_container(expected_cfg, resolve=True).items() if k != "profile"}
+        expected = ExpectedCost(profile, attention_share(loaded.model), **fields)
     session = open_session(loaded, CalibrationConfig(**OmegaConf.to_container(cfg.calibration, resolve=True)),
-                           cfg.cache_dir, cfg.progress)
+                           cfg.cache_dir, cfg.progress, expected)
     L, name = session.num_layers, session.model_name
     budget = Budget(**OmegaConf.to_container(cfg.search.budget, resolve=True))
     share = attention_share(loaded.model)
-    search_cfg = SearchConfig(**OmegaConf.to_container(cfg.search.config, resolve=True))
     objective = session.objective
 
     # Baselines first: they seed and narrow the search and go in the report.
@@ -91,6 +102,12 @@ def run(cfg: DictConfig) -> SearchOutput:
         "budget": {"unit": budget.unit, "amount": budget.amount},
         "budget_text": budget.describe(),
         "cost": search_cfg.cost,
+        "expected_cost": None if expected is None else {
+            "settled": round(best.metrics.settled, 4), "wrong": round(best.metrics.wrong, 4),
+            "block_cost": round(best.metrics.block_cost, 4), "expected": round(best.metrics.expected, 4),
+            "profile": profile.device, "tau_accept": expected.tau_accept, "tau_slim": expected.tau_slim,
+            "block": expected.block, "max_wrong": expected.max_wrong, "penalty": expected.penalty,
+            "share_prefix": expected.share_prefix},
         "kl": round(best.metrics.kl, 5),
         "top1": round(best.metrics.top1, 4),
         "skipped_cost_layers": round(space.cost_of(best.mask), 3),

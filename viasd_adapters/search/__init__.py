@@ -3,7 +3,7 @@
 from .calibration import CalibrationConfig, CalibrationSet, CalibrationText, PromptSource, build_calibration
 from .dimr import SearchConfig, SearchResult, TrialRecord, run_search
 from .greedy import GreedyStep, Sensitivity, greedy_removal, sensitivity
-from .objective import EvaluationStore, MaskMetrics, MaskObjective, Reference
+from .objective import EvaluationStore, ExpectedCost, MaskMetrics, MaskObjective, Reference, block_outcomes
 from .report import Baselines, write_report
 from .session import Session, open_session
 from .space import Budget, MaskSpace, attention_share
@@ -15,6 +15,7 @@ __all__ = [
     "CalibrationSet",
     "CalibrationText",
     "EvaluationStore",
+    "ExpectedCost",
     "GreedyStep",
     "MaskMetrics",
     "MaskObjective",
@@ -26,6 +27,7 @@ __all__ = [
     "Session",
     "TrialRecord",
     "attention_share",
+    "block_outcomes",
     "build_calibration",
     "greedy_removal",
     "open_session",

@@ -37,7 +37,7 @@ class SearchConfig:
 
     num_random: int = 16  # random-search trials that seed TPE (uniform masks of the budget)
     num_tpe: int = 48  # TPE trials after them
-    cost: str = "kl"  # "kl": mean KL(q || u); "disagreement": 1 - top-1 agreement
+    cost: str = "kl"  # "kl": mean KL(q || u); "disagreement": 1 - top-1 agreement; "expected": ExpectedCost
     seed: int = 0  # seeds hyperopt's generator: the same config and seed propose the same masks
     gamma: float = 0.25  # TPE: share of trials modelled as "good"
     num_candidates: int = 24  # TPE: candidates drawn per proposal (n_EI_candidates)
@@ -136,8 +136,7 @@ def run_search(objective, space: MaskSpace, cfg: SearchConfig, trials_file: str 
         for t in trials.trials:
             r = t["result"]
             if r.get("status") == STATUS_OK:
-                objective.remember(RoutingMask(*r["skips"]), MaskMetrics(r["kl"], r["top1"], r["num_positions"],
-                                                                          r["seconds"]))
+                objective.remember(RoutingMask(*r["skips"]), MaskMetrics.from_dict(r))
     before = getattr(objective, "evaluations", 0)
     begin = time.perf_counter()
     if path is not None:
@@ -163,6 +162,6 @@ def run_search(objective, space: MaskSpace, cfg: SearchConfig, trials_file: str 
             continue
         mask = RoutingMask(*r["skips"], num_layers=space.num_layers, model=space.model)
         records.append(TrialRecord(len(records), _phase(len(records), len(seeds), cfg), mask,
-                                   MaskMetrics(r["kl"], r["top1"], r["num_positions"], r["seconds"]), r["loss"]))
+                                   MaskMetrics.from_dict(r), r["loss"]))
     return SearchResult(records, cfg, time.perf_counter() - begin,
                         getattr(objective, "evaluations", 0) - before, resumed_from=done)

@@ -7,6 +7,11 @@ every decoder layer. A mask that first touches layer p starts from the cached in
 
 `MaskObjective` is a pure function of the mask: same mask, same metrics (no sampling, no state
 that changes what it returns; results are memoised by mask).
+
+Two kinds of cost can be minimised. "kl" (and "disagreement") measure distance at a fixed budget.
+"expected" (`ExpectedCost`) is what a mask costs VIA-SD: a slim pass per verify block plus a full
+pass for the blocks the slim tier cannot settle, both priced by a measured latency profile
+(bench/costmodel.py), with a penalty when the slim tier settles too many tokens wrongly.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from transformers import PreTrainedModel
 from ..routing import HiddenState, RoutingMask, SlimModel
 from .calibration import CalibrationSet, as_tensors
 
-COSTS = ("kl", "disagreement")
+COSTS = ("kl", "disagreement", "expected")
+_EXPECTED_FIELDS = ("settled", "wrong", "block_cost", "expected")
 
 
 @dataclass(frozen=True)
@@ -35,17 +41,107 @@ class MaskMetrics:
     top1: float  # share of scored positions where argmax u == argmax q
     num_positions: int  # scored positions averaged over
     seconds: float = field(default=0.0, compare=False)  # wall time of the evaluation
+    # With an `ExpectedCost` (None otherwise):
+    settled: float | None = None  # share of verify blocks the slim tier settles without the full model
+    wrong: float | None = None  # share of positions where u is confident (acts) but argmax u != argmax q
+    block_cost: float | None = None  # expected verify cost per block, in full forwards (SD's: 1)
+    expected: float | None = None  # block_cost plus the penalty for `wrong` over the quality constraint
 
     def cost(self, kind: str) -> float:
-        """The number the search minimises: "kl" or "disagreement" (1 - top1)."""
+        """The number the search minimises: "kl", "disagreement" (1 - top1) or "expected"."""
         if kind == "kl":
             return self.kl
         if kind == "disagreement":
             return 1.0 - self.top1
+        if kind == "expected":
+            if self.expected is None:
+                raise ValueError("cost 'expected' needs an objective built with an ExpectedCost (search.expected)")
+            return self.expected
         raise ValueError(f"cost {kind!r} is not one of {COSTS}")
 
     def to_dict(self) -> dict:
-        return {"kl": self.kl, "top1": self.top1, "num_positions": self.num_positions, "seconds": self.seconds}
+        out = {"kl": self.kl, "top1": self.top1, "num_positions": self.num_positions, "seconds": self.seconds}
+        out.update({k: getattr(self, k) for k in _EXPECTED_FIELDS if getattr(self, k) is not None})
+        return out
+
+    @classmethod
+    def from_dict(cls, row: dict) -> MaskMetrics:
+        return cls(row["kl"], row["top1"], row["num_positions"], row.get("seconds", 0.0),
+                   *(row.get(k) for k in _EXPECTED_FIELDS))
+
+
+def block_outcomes(log_q: torch.Tensor, log_u: torch.Tensor, tau_accept: float, tau_slim: float,
+                   block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which verify blocks the slim tier would settle, and where it would act wrongly.
+
+    The calibration text is the target's own greedy continuation, so the draft token at each
+    position is taken to be the target's token x = argmax q (a draft that agrees with the target;
+    real drafts agree less, which only adds escalations). Per position: tier 1 accepts when
+    argmax u == x and u(x) > tau_accept; otherwise tier 2 settles when max u > tau_slim, else the
+    block escalates. A block of `block` tokens starting at each position settles when its first
+    non-accepted token is settled by tier 2 (or every token is accepted).
+
+    Args:
+        log_q, log_u: [m, V] log-distributions at the scored positions.
+    Returns:
+        settled: [max(m - block + 1, 0)] bool, per block start;
+        wrong: [m] bool, u confident (it would act) but argmax u != argmax q.
+    """
+    x = log_q.argmax(-1)  # [m]
+    u_top, u_arg = log_u.max(-1)  # [m]
+    accept = (u_arg == x) & (u_top.exp() > tau_accept)  # [m]
+    rewrite = u_top.exp() > tau_slim  # [m]
+    wrong = (u_arg != x) & (rewrite | (u_top.exp() > tau_accept))  # [m]
+    m = x.numel()
+    starts = max(m - block + 1, 0)
+    if starts == 0:
+        return torch.zeros(0, dtype=torch.bool, device=x.device), wrong
+    windows = accept.unfold(0, block, 1)  # [starts, block]
+    all_accepted = windows.all(-1)  # [starts]
+    first = (~windows).float().argmax(-1)  # [starts]: first non-accepted offset (0 when all accepted)
+    settled = all_accepted | rewrite[torch.arange(starts, device=x.device) + first]
+    return settled, wrong
+
+
+@dataclass
+class ExpectedCost:
+    """The cost-aware DIMR objective: expected verify cost per block under a quality constraint.
+
+    Per verify block of `block` draft tokens, VIA-SD pays one slim forward (`slim_ratio` of a full
+    forward of the same size) and, for the blocks the slim tier cannot settle, an escalation:
+    a full forward, or with `share_prefix` only the target's layers [p, L) and head over the
+    slim pass's stored layer-p states. With settled share s:
+
+        block_cost = slim_ratio + (1 - s) * escalation_ratio        (SD pays 1.0)
+        expected   = block_cost + penalty * max(0, wrong - max_wrong)
+
+    The ratios come from a `LatencyProfile` measured on the device, so a mask is priced by the
+    layers it runs there (late masks make escalations cheap when the prefix is shared; masks of
+    many layers make the slim pass cheap but settle less).
+    """
+
+    profile: object  # bench.costmodel.LatencyProfile (priced by layers run)
+    attention_share: float = 0.5  # share of a layer's cost in its attention sub-block
+    tau_accept: float = 0.8  # the tier thresholds the mask is chosen for
+    tau_slim: float = 0.8
+    block: int = 5  # K, draft tokens per verify block
+    max_wrong: float = 0.02  # quality constraint: share of positions the slim tier may get wrong
+    penalty: float = 10.0  # block-cost units per unit of `wrong` over the constraint
+    share_prefix: bool = True  # escalations reuse the slim pass's layers [0, p)
+
+    def ratios(self, mask: RoutingMask, num_layers: int) -> tuple[float, float]:
+        """(slim forward, escalation) cost, each relative to one full forward of K + 1 tokens."""
+        n = self.block + 1
+        full = self.profile.forward_ms("target", n)
+        slim = self.profile.forward_ms("slim", n, slim=num_layers - mask.skipped_cost(self.attention_share))
+        p = mask.num_prefix_layers(num_layers) if self.share_prefix else 0
+        escalate = self.profile.forward_ms("slim", n, slim=num_layers - p) if p else full
+        return slim / full, escalate / full
+
+    def key(self) -> str:
+        """What makes two evaluations comparable (a store row of another setting is not reused)."""
+        return (f"expected:{self.profile.device}:{self.tau_accept}:{self.tau_slim}:{self.block}:{self.max_wrong}:"
+                f"{self.penalty}:{self.share_prefix}:{self.attention_share:.4f}")
 
 
 @dataclass
@@ -99,8 +195,9 @@ def compare(log_q: torch.Tensor, log_u: torch.Tensor) -> tuple[torch.Tensor, tor
 class MaskObjective:
     """mask -> MaskMetrics on the reference's calibration texts (memoised, deterministic)."""
 
-    def __init__(self, reference: Reference):
+    def __init__(self, reference: Reference, expected: ExpectedCost | None = None):
         self.reference = reference
+        self.expected = expected  # None: kl / disagreement only
         self.target = reference.target
         self.num_layers = reference.num_layers
         self.memo: dict[tuple, MaskMetrics] = {}  # RoutingMask.skips -> metrics
@@ -127,14 +224,29 @@ class MaskObjective:
     def evaluate(self, mask: RoutingMask) -> MaskMetrics:
         begin = time.perf_counter()
         slim = SlimModel(self.target, mask)
-        kls, agrees = [], []
+        kls, agrees, settled, wrong = [], [], [], []
+        e = self.expected
         with torch.inference_mode():
             for i, text in enumerate(self.reference.texts):
-                kl, agree = compare(text.log_q, slim_log_probs(slim, self.reference, i))
+                log_u = slim_log_probs(slim, self.reference, i)
+                kl, agree = compare(text.log_q, log_u)
                 kls.append(kl)
                 agrees.append(agree)
+                if e is not None:
+                    s, w = block_outcomes(text.log_q, log_u, e.tau_accept, e.tau_slim, e.block)
+                    settled.append(s)
+                    wrong.append(w)
         kl, agree = torch.cat(kls), torch.cat(agrees)
-        return MaskMetrics(float(kl.mean()), float(agree.float().mean()), kl.numel(), time.perf_counter() - begin)
+        extra = {}
+        if e is not None:
+            s_share = float(torch.cat(settled).float().mean()) if sum(x.numel() for x in settled) else 0.0
+            w_share = float(torch.cat(wrong).float().mean())
+            slim_ratio, escalate_ratio = e.ratios(mask, self.num_layers)
+            block_cost = slim_ratio + (1 - s_share) * escalate_ratio
+            extra = {"settled": s_share, "wrong": w_share, "block_cost": block_cost,
+                     "expected": block_cost + e.penalty * max(0.0, w_share - e.max_wrong)}
+        return MaskMetrics(float(kl.mean()), float(agree.float().mean()), kl.numel(), time.perf_counter() - begin,
+                           **extra)
 
 
 class EvaluationStore:
@@ -156,8 +268,10 @@ class EvaluationStore:
             if not line.strip():
                 continue
             row = json.loads(line)
+            if row.get("expected_key") != _expected_key(objective):
+                continue  # evaluated for another cost setting: its expected-cost fields do not apply
             mask = RoutingMask(row["skip_layers"], row["skip_attention"], row["skip_mlp"])
-            objective.remember(mask, MaskMetrics(row["kl"], row["top1"], row["num_positions"], row["seconds"]))
+            objective.remember(mask, MaskMetrics.from_dict(row))
             count += 1
         return count
 
@@ -166,11 +280,19 @@ class EvaluationStore:
         self.load_into(objective)
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            objective.on_evaluated = self.append
+            key = _expected_key(objective)
+            objective.on_evaluated = lambda mask, metrics: self.append(mask, metrics, key)
         return objective
 
-    def append(self, mask: RoutingMask, metrics: MaskMetrics) -> None:
+    def append(self, mask: RoutingMask, metrics: MaskMetrics, expected_key: str | None = None) -> None:
         row = {"skip_layers": list(mask.skip_layers), "skip_attention": list(mask.skip_attention),
                "skip_mlp": list(mask.skip_mlp), **metrics.to_dict()}
+        if expected_key is not None:
+            row["expected_key"] = expected_key
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+def _expected_key(objective: MaskObjective) -> str | None:
+    expected = getattr(objective, "expected", None)
+    return expected.key() if expected is not None else None

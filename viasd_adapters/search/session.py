@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..models import LoadedModel
 from .calibration import CalibrationConfig, CalibrationSet, build_calibration
-from .objective import EvaluationStore, MaskObjective, Reference
+from .objective import EvaluationStore, ExpectedCost, MaskObjective, Reference
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +32,9 @@ class Session:
 
 
 def open_session(loaded: LoadedModel, calibration: CalibrationConfig, cache_dir: str | Path | None,
-                 progress: bool = True) -> Session:
-    """Calibration text (cached), the full model's reference (computed once), the objective."""
+                 progress: bool = True, expected: ExpectedCost | None = None) -> Session:
+    """Calibration text (cached), the full model's reference (computed once), the objective
+    (with `expected`, it also prices each mask for the cost-aware search)."""
     texts = build_calibration(loaded, calibration, cache_dir, progress)
     logger.info("%s split: %d texts, %d tokens, %d scored positions", calibration.split, len(texts.texts),
                 texts.num_tokens, texts.num_scored)
@@ -42,7 +43,7 @@ def open_session(loaded: LoadedModel, calibration: CalibrationConfig, cache_dir:
     if cache_dir:
         store_path = Path(cache_dir).expanduser() / "evaluations" / f"{Path(loaded.spec.name).name}-{texts.key}.jsonl"
     store = EvaluationStore(store_path)
-    objective = store.attach(MaskObjective(reference))
+    objective = store.attach(MaskObjective(reference, expected))
     if objective.memo:
         logger.info("%d mask evaluations read from %s", len(objective.memo), store_path)
     return Session(loaded, texts, reference, objective, store)

@@ -1,0 +1,179 @@
+"""The frontier sweep: points from the config, summaries, matched quality, and a run on the tiny pair."""
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from viasd_adapters.bench.frontier import (
+    CASCADE_SD,
+    FASTER_CASCADES,
+    Point,
+    PointSummary,
+    SweepConfig,
+    build_points,
+    matched_comparison,
+    matches_quality,
+    quality_gaps,
+    summarize,
+)
+from viasd_adapters.cli.frontier import load_routing
+from viasd_adapters.conf import CONFIG_DIR
+
+CONF = Path(CONFIG_DIR)
+PROMPTS = [
+    {"question_id": 1, "category": "translation", "turns": ["Translate German to English: Guten Morgen"],
+     "reference": ["Good morning"]},
+    {"question_id": 3, "category": "math_reasoning", "turns": ["What is 2 + 3?"], "reference": ["2 + 3 = 5\n#### 5"]},
+    {"question_id": 4, "category": "qa", "turns": ["Who wrote Faust?"]},
+]
+
+
+def compose_frontier(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="frontier", overrides=["out_dir=unused", *overrides])
+
+
+def test_shipped_config_composes_and_every_point_builds_its_config():
+    cfg = compose_frontier()
+    sweep = instantiate(cfg.sweep, _convert_="all")
+    points = build_points(sweep, cfg.method, load_routing(sweep.masks))
+    names = [p.name for p in points]
+    assert names[:2] == ["ar", "sd"]
+    n_masks, n_thr = len(sweep.masks), len(sweep.thresholds)
+    assert sum(p.kind == "via-sd" for p in points) == n_masks * n_thr
+    assert sum(p.kind == "random" for p in points) == n_masks
+    assert sum(p.kind == "faster-cascade" for p in points) == len(sweep.alphas)
+    assert {t["name"] for t in cfg.tasks.values()} == {"math", "text", "humaneval"}
+
+
+def test_points_carry_their_mask_thresholds_and_alpha():
+    cfg = compose_frontier("model_pair=tiny-random", "sweep.masks=[tiny-random-1l]",
+                           "sweep.thresholds=[[0.5,0.3],[0.9,0.8]]", "sweep.alphas=[0.0,2.0]")
+    sweep = instantiate(cfg.sweep, _convert_="all")
+    points = {p.name: p for p in build_points(sweep, cfg.method, load_routing(sweep.masks), attention_share=0.25)}
+    via = points["via-sd[1l]@0.9/0.8"]
+    assert (via.verifier.policy.tau_accept, via.verifier.policy.tau_slim) == (0.9, 0.8)
+    assert list(via.verifier.slim.mask.skip_layers) == [2] and via.verifier.share_prefix
+    assert via.slim_layers == 3 and via.family == "VIA-SD 1l"
+    random = points["random[1l]@0.8/0.8"]
+    assert random.verifier.slim.mask._target_.endswith("random_like") and random.verifier.slim.mask.seed == 0
+    assert points["faster-cascade@2"].verifier.alpha == 2.0 and points["faster-cascade@0"].verifier.alpha == 0.0
+    assert points["lookup-intermediate"].slim_layers == "draft"
+    mask = instantiate(random.verifier.slim.mask)
+    assert len(mask.skip_layers) == 1  # random skipping at the searched mask's budget
+
+
+def test_bad_sweeps_fail_with_the_fix():
+    with pytest.raises(ValueError, match="pairs in"):
+        SweepConfig(masks=["m"], thresholds=[[0.5]])
+    with pytest.raises(ValueError, match="routing mask"):
+        SweepConfig(thresholds=[[0.5, 0.3]])
+    with pytest.raises(ValueError, match="alpha"):
+        SweepConfig(alphas=[-1.0])
+    with pytest.raises(ValueError, match="does not exist"):
+        load_routing(["no-such-mask"])
+    cfg = compose_frontier("model_pair=tiny-random")
+    with pytest.raises(ValueError, match="not composed"):
+        build_points(SweepConfig(references=["ar", "pearl"]), cfg.method, {})
+    with pytest.raises(ValueError, match="twice"):
+        build_points(SweepConfig(alphas=[0.5, 0.5]), cfg.method, {})
+
+
+def _rec(method, prompt, drafted, accepted, new, steps, target, slim, speed, match, metric=None, q=None, tiers=None):
+    return {"method": method, "prompt_id": prompt, "task": "t", "rep": 0, "drafted": drafted, "accepted": accepted,
+            "new_tokens": new, "steps": steps, "model_calls": {"target": {"calls": target}, "slim": {"calls": slim}},
+            "speedup_vs_baseline": speed, "speedup_vs_host": speed, "token_match_vs_baseline": match,
+            "exact_match_vs_baseline": float(match == 1.0), "quality_metric": metric, "quality": q,
+            "tier_counts": tiers or {}}
+
+
+def _point(name, kind="via-sd", family=None, mask=None):
+    return Point(name, family or name, kind, None, None, None, mask)
+
+
+def test_summaries_pool_counts_over_records():
+    records = [_rec("v", 1, 10, 6, 12, 4, 2, 4, 1.2, 1.0, "bleu", 30.0, {"accept": 6, "full": 2}),
+               _rec("v", 2, 30, 24, 28, 6, 4, 6, 0.8, 0.9, "bleu", 20.0, {"accept": 20, "slim": 2})]
+    (s,) = summarize(records, [_point("v", mask="m")], {"m": 0.7})
+    assert s.rejection_rate == pytest.approx(1 - 30 / 40)
+    assert s.tokens_per_round == pytest.approx(40 / 10)
+    assert s.full_per_token == pytest.approx(6 / 40) and s.slim_per_token == pytest.approx(10 / 40)
+    assert s.speedup_vs_ar == pytest.approx(1.0) and s.agreement == pytest.approx(0.95) and s.exact == 0.5
+    assert s.quality == {"bleu": 25.0} and s.slim_cost == 0.7
+    assert s.tier_shares == pytest.approx({"accept": 26 / 30, "full": 2 / 30, "slim": 2 / 30})
+
+
+def _summary(name, kind, family, speed, rejection, agreement, quality):
+    return PointSummary(name, family, kind, None, 1, rejection, 2.0, 0.3, 0.3, None, speed, speed, agreement,
+                        1.0, quality, {m: 1 for m in quality})
+
+
+def test_matched_quality_counts_metrics_in_points():
+    ar = _summary("ar", "ar", "AR", 1.0, None, 1.0, {"bleu": 30.0, "rouge_l": 0.30, "math_accuracy": 0.5})
+    close = _summary("a", "via-sd", "VIA-SD", 1, 0.2, 0.99, {"bleu": 29.2, "rouge_l": 0.295, "math_accuracy": 0.5})
+    assert quality_gaps(close, ar) == pytest.approx({"bleu": -0.8, "rouge_l": -0.5, "math_accuracy": 0.0})
+    assert matches_quality(close, ar)
+    rouge_drop = _summary("b", "via-sd", "VIA-SD", 1, 0.2, 0.99, {"bleu": 30.0, "rouge_l": 0.28, "math_accuracy": 0.5})
+    assert not matches_quality(rouge_drop, ar)  # 2 ROUGE-L points
+    disagrees = _summary("c", "via-sd", "VIA-SD", 1, 0.2, 0.97, {"bleu": 31.0})
+    assert not matches_quality(disagrees, ar)
+    assert matches_quality(_summary("d", "via-sd", "VIA-SD", 1, 0.2, 0.99, {"bleu": 40.0}), ar)  # better is fine
+
+
+def test_comparison_takes_the_fastest_matched_point_of_each_family():
+    q = {"math_accuracy": 0.5}
+    summaries = [
+        _summary("ar", "ar", "AR", 1.0, None, 1.0, q),
+        _summary("sd", "sd", "SD", 0.9, 0.6, 1.0, q),
+        _summary("v-fast-lossy", "via-sd", "VIA-SD 8l", 1.5, 0.1, 0.90, q),  # fastest, but not matched
+        _summary("v-ok", "via-sd", "VIA-SD 4l", 0.8, 0.5, 0.99, q),
+        _summary("v-ok-slow", "via-sd", "VIA-SD 4l", 0.7, 0.4, 1.0, q),
+        _summary("fc-lossy", "faster-cascade", FASTER_CASCADES, 1.4, 0.1, 0.5, q),
+        _summary("fc-ok", "faster-cascade", FASTER_CASCADES, 0.95, 0.55, 0.985, q),
+    ]
+    by_rival = {c.rival: c for c in matched_comparison(summaries)}
+    fc = by_rival[FASTER_CASCADES]
+    assert fc.via_sd.name == "v-ok" and fc.other.name == "fc-ok"
+    assert fc.rejection_diff == pytest.approx(0.5 - 0.55) and fc.speed_diff == pytest.approx(0.8 - 0.95)
+    assert by_rival[CASCADE_SD].other is None and by_rival[CASCADE_SD].rejection_diff is None
+    assert by_rival["SD"].speed_diff == pytest.approx(0.8 - 0.9)
+
+
+def test_frontier_runs_resumes_and_reports_on_the_tiny_pair(tmp_path):
+    from viasd_adapters.cli.frontier import run
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
+    out = tmp_path / "out"
+    overrides = [
+        "model_pair=tiny-random", "runtime.dtype=float32", "runtime.draft_dtype=float32",
+        "sweep.masks=[tiny-random-1l]", "sweep.thresholds=[[0.5,0.3]]", "sweep.alphas=[0.5]", "sweep.cascade=null",
+        f"tasks.math.prompts_file={prompts}", f"tasks.text.prompts_file={prompts}", "tasks.text.categories=[translation]",
+        "tasks.math.max_new_tokens=6", "tasks.text.max_new_tokens=6", "~tasks.code", "progress=false",
+        "profile.context=16", "profile.tokens=[1,4]", "profile.prefill=[24,32]", "profile.repetitions=2",
+        "warmup_tokens=2",
+    ]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        first = compose(config_name="frontier", overrides=[*overrides, f"out_dir={out}", "only=[math]"])
+        again = compose(config_name="frontier", overrides=[*overrides, f"out_dir={out}"])
+        report = compose(config_name="frontier", overrides=[*overrides, f"out_dir={out}", "report_only=true"])
+    run(first)
+    math_records = (out / "records-math.jsonl").read_text().splitlines()
+    points = json.loads((out / "points.json").read_text())
+    assert len(math_records) == len(points) == 6  # ar, sd, via-sd, random, faster-cascade, intermediate
+    assert not (out / "records-text.jsonl").exists()
+    stamp = (out / "records-math.jsonl").stat().st_mtime_ns
+    markdown = run(again)  # resumes: math is complete, text runs
+    assert (out / "records-math.jsonl").stat().st_mtime_ns == stamp
+    assert len((out / "records-text.jsonl").read_text().splitlines()) == 6
+    for name in ("frontier.md", "frontier.json", "speed_quality.png", "rejection_quality.png", "slim_costs.json",
+                 "profile.json"):
+        assert (out / name).stat().st_size > 0, name
+    assert "via-sd[1l]@0.5/0.3" in markdown and "MODELLED, not measured" in markdown
+    summary = json.loads((out / "frontier.json").read_text())
+    ar = next(p for p in summary["points"] if p["name"] == "ar")
+    assert ar["agreement"] == 1.0 and ar["full_per_token"] == pytest.approx(1.0)
+    assert run(report) == markdown  # rebuilt from the records alone, the same report

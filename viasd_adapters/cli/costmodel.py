@@ -1,0 +1,94 @@
+"""`viasd-costmodel`: measure a device's latency profile, or predict a run's speed from its call counts.
+
+    viasd-costmodel mode=profile out_dir=outputs/profile/cpu
+    viasd-costmodel mode=predict records=outputs/frontier/run1 profile=outputs/profile/cpu/profile.json \
+        out_dir=outputs/profile/cpu
+
+`profile` times the pair's target (whole and under each routing mask: the layer dimension) and
+draft, decode-sized and prompt-sized forwards, and writes profile.json and profile.md. `predict`
+prices every record's forward counts with a profile (bench/costmodel.py), writes the predicted
+against measured table, and the speedups the same counts give on modelled GPU-like devices,
+labelled as modelled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import hydra
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from ..bench import costmodel
+from . import CONFIG_DIR, set_threads
+
+logger = logging.getLogger(__name__)
+
+
+def _read_run(path: Path) -> tuple[list[dict], dict[str, float | str]]:
+    """Records of a frontier or bench run directory, and each method's slim depth (points.json)."""
+    if not path.is_dir():
+        raise ValueError(f"records={str(path)!r} is not a run directory of viasd-frontier or viasd-bench")
+    files = sorted(path.glob("records-*.jsonl")) or sorted(path.glob("records.jsonl"))
+    if not files:
+        raise ValueError(f"{path} holds no records-*.jsonl or records.jsonl")
+    records = [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
+    slim: dict[str, float | str] = {}
+    points = path / "points.json"
+    if points.is_file():
+        slim = {p["name"]: p["slim_layers"] for p in json.loads(points.read_text()) if p["slim_layers"] is not None}
+    return records, slim
+
+
+def profile_markdown(profile: costmodel.LatencyProfile) -> str:
+    lines = [f"# Latency profile: {profile.device}", "", f"{profile.facts}", "",
+             "| model | layers run | tokens fed | context | ms (median) |", "|---|---|---|---|---|"]
+    lines += [f"| {m.role} | {m.layers:g} | {m.tokens} | {m.context} | {m.ms:.1f} |" for m in profile.measurements]
+    lines += ["", "Fitted: ms(n, l) = a + b l + (c + d l) n", "", "| line | a | b | c | d |", "|---|---|---|---|---|"]
+    for kind, table in (("decode", profile.decode), ("prefill", profile.prefill)):
+        lines += [f"| {kind} {k} | {v.a:.2f} | {v.b:.3f} | {v.c:.3f} | {v.d:.4f} |" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+def run(cfg: DictConfig) -> Path:
+    out_dir = Path(cfg.out_dir)
+    if cfg.mode == "profile":
+        from ..pipeline import load_pair
+        from .frontier import load_routing
+
+        masks = [instantiate(node, _convert_="all") for node in load_routing(list(cfg.masks)).values()]
+        set_threads(cfg.threads)
+        pair = load_pair(cfg.model_pair, with_draft=True)
+        profile = costmodel.measure_profile(pair.target.model, pair.draft.model, masks, cfg.context,
+                                            tuple(cfg.tokens), tuple(cfg.prefill), cfg.repetitions)
+        profile.save(out_dir / "profile.json")
+        (out_dir / "profile.md").write_text(profile_markdown(profile))
+        return out_dir / "profile.md"
+    if cfg.mode == "predict":
+        if not cfg.records or not cfg.profile:
+            raise ValueError("mode=predict needs records=RUN_DIR and profile=PATH/profile.json")
+        profile = costmodel.LatencyProfile.load(cfg.profile)  # checked before reading any records
+        records, slim = _read_run(Path(cfg.records))
+        predictions = costmodel.predict_records(records, profile, slim, cfg.baseline)
+        modelled = [costmodel.LatencyProfile.synthetic(profile.num_layers, float(r)) for r in cfg.draft_ratios]
+        table = costmodel.modelled_speedups(records, modelled, slim, cfg.baseline)
+        text = [costmodel.validation_table(predictions, profile.device), "",
+                "## MODELLED, not measured", "", "| method | " + " | ".join(table) + " |", "|---|" + "---|" * len(table)]
+        for name in dict.fromkeys(r["method"] for r in records):
+            text.append(f"| {name} | " + " | ".join(f"{table[d].get(name) or 0:.2f}" for d in table) + " |")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "prediction.md").write_text("\n".join(text) + "\n")
+        return out_dir / "prediction.md"
+    raise ValueError(f"mode={cfg.mode!r}: use mode=profile or mode=predict")
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="costmodel", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    path = run(cfg)
+    print(path.read_text())
+
+
+if __name__ == "__main__":
+    main()

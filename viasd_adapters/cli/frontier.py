@@ -1,0 +1,253 @@
+"""`viasd-frontier`: VIA-SD's operating points beside the cascades', on the same prompts, one run.
+
+    viasd-frontier out_dir=outputs/frontier/run1              # every task of conf/frontier.yaml
+    viasd-frontier out_dir=outputs/frontier/run1 only=[math]  # one task: a chunk; rerun resumes
+    viasd-frontier out_dir=outputs/frontier/run1 report_only=true
+
+Each task runs through the benchmark harness with every point of the sweep as a method
+(interleaved per prompt, rotated order); its records go to records-<task>.jsonl as they finish.
+A task whose records file is complete is skipped on a rerun; an incomplete one is redone. The
+report (frontier.md, frontier.json, speed_quality.png, rejection_quality.png, and with a
+latency profile costmodel.md) is rebuilt from every records file in out_dir after each run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from ..bench import costmodel
+from ..bench.frontier import (
+    SweepConfig,
+    build_points,
+    comparison_table,
+    frontier_plots,
+    matched_comparison,
+    points_table,
+    summarize,
+)
+from ..bench.harness import BenchSettings, Harness, Method
+from ..pipeline import build_decoder, encode_prompt, load_pair
+from ..search.space import attention_share
+from . import CONFIG_DIR, set_threads
+
+logger = logging.getLogger(__name__)
+
+
+def load_routing(names: list[str]) -> dict[str, DictConfig]:
+    """Routing configs by name from the package's conf/routing/ (clear error for a missing one)."""
+    out = {}
+    for name in names:
+        path = Path(CONFIG_DIR) / "routing" / f"{name}.yaml"
+        if not path.is_file():
+            available = sorted(p.stem for p in path.parent.glob("*.yaml"))
+            raise ValueError(f"routing mask {name!r} does not exist ({path}); available: {available}."
+                             " Search one with viasd-search ... install=<name>")
+        out[name] = OmegaConf.load(path)
+    return out
+
+
+def _records_path(out_dir: Path, task_key: str) -> Path:
+    return out_dir / f"records-{task_key}.jsonl"
+
+
+def read_records(out_dir: Path) -> list[dict]:
+    records = []
+    for path in sorted(out_dir.glob("records-*.jsonl")):
+        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return records
+
+
+def _expected(task, points, repetitions: int) -> int:
+    return len(task.prompts()) * len(points) * repetitions
+
+
+def _subtitle(cfg: DictConfig, records: list[dict]) -> str:
+    cpu = costmodel.cpu_name()
+    threads = records[0].get("torch_threads") if records else cfg.threads
+    return (f"{cfg.model_pair.name}, {cfg.runtime.dtype}, greedy; {cpu}, {threads} torch threads for every"
+            f" method; {len({(r['task'], r['prompt_id']) for r in records})} prompts, measured")
+
+
+def write_report(cfg: DictConfig, out_dir: Path, points) -> str:
+    """Tables and plots from every records file in out_dir; returns the Markdown."""
+    records = read_records(out_dir)
+    if not records:
+        raise ValueError(f"no records in {out_dir}: run the frontier first (without report_only)")
+    costs_path = out_dir / "slim_costs.json"
+    slim_costs = json.loads(costs_path.read_text()) if costs_path.is_file() else {}
+    summaries = summarize(records, points, {k: v["ratio"] for k, v in slim_costs.items()},
+                          cfg.roles.full, cfg.roles.slim)
+    baseline = points[0].name
+    comparisons = matched_comparison(summaries, baseline, cfg.min_agreement, cfg.tolerance_points)
+    tasks = sorted({r["task"] for r in records})
+    text = [
+        f"# Frontier: {cfg.model_pair.name}",
+        "",
+        _subtitle(cfg, records) + f"; tasks {', '.join(tasks)}; {len(records)} generations.",
+        "",
+        "## Every point",
+        "",
+        points_table(summaries, baseline, cfg.min_agreement, cfg.tolerance_points),
+        "",
+        f"Matched quality: agreement with {baseline} >= {cfg.min_agreement} and every task metric within"
+        f" {cfg.tolerance_points:g} point(s) of {baseline}'s (metrics in points: BLEU 0-100, the others x100).",
+        "",
+        "## VIA-SD against each rival at matched quality",
+        "",
+        comparison_table(comparisons),
+        "",
+    ]
+    if slim_costs:
+        text += ["## Slim forward cost, measured (interleaved medians, one verify block)", "",
+                 "| mask | tokens | full ms | slim ms | slim / full |", "|---|---|---|---|---|"]
+        text += [f"| {k} | {v['new_tokens']} | {v['full_ms']:.1f} | {v['slim_ms']:.1f} | {v['ratio']:.3f} |"
+                 for k, v in slim_costs.items()]
+        text.append("")
+    profile_path = out_dir / "profile.json"
+    if profile_path.is_file():
+        text += costmodel_section(records, points, costmodel.LatencyProfile.load(profile_path), baseline)
+    markdown = "\n".join(text)
+    (out_dir / "frontier.md").write_text(markdown)
+    (out_dir / "frontier.json").write_text(json.dumps({
+        "points": [s.to_dict() for s in summaries],
+        "comparisons": [{"rival": c.rival, "via_sd": c.via_sd.name if c.via_sd else None,
+                         "other": c.other.name if c.other else None, "rejection_diff": c.rejection_diff,
+                         "speed_diff": c.speed_diff} for c in comparisons],
+    }, indent=1))
+    frontier_plots(summaries, out_dir, _subtitle(cfg, records))
+    return markdown
+
+
+def costmodel_section(records, points, profile: costmodel.LatencyProfile, baseline: str) -> list[str]:
+    slim = {p.name: p.slim_layers for p in points if p.slim_layers is not None}
+    predictions = costmodel.predict_records(records, profile, slim, baseline)
+    text = ["## Cost model: predicted against measured (this CPU)", "",
+            costmodel.validation_table(predictions, profile.device), ""]
+    modelled = [costmodel.LatencyProfile.synthetic(profile.num_layers, ratio) for ratio in (0.05, 0.1)]
+    table = costmodel.modelled_speedups(records, modelled, slim, baseline)
+    names = list(dict.fromkeys(r["method"] for r in records))
+    text += ["## MODELLED, not measured: the same call counts on GPU-like cost ratios", "",
+             "Speedup vs AR predicted from each point's measured forward counts, on devices described"
+             " only by ratios: a draft step at 0.05 or 0.1 of a target step, a verify of a few tokens"
+             " costing one step, a slim step costing its share of the target's layers (90 % of a step"
+             " scales with depth).", "",
+             "| point | " + " | ".join(table) + " |", "|---|" + "---|" * len(table)]
+    for name in names:
+        text.append(f"| {name} | " + " | ".join(f"{table[d].get(name) or 0:.2f}" for d in table) + " |")
+    text.append("")
+    return text
+
+
+def measure_costs(cfg: DictConfig, out_dir: Path, pair, routing: dict[str, DictConfig], context_ids) -> None:
+    """slim_costs.json (slim / full ms per mask, one verify block) and profile.json, once per out_dir."""
+    from ..routing import RoutingMask
+    from ..search.timing import measure_cost_ratio
+
+    masks = {name: instantiate(node, _convert_="all") for name, node in routing.items()}
+    costs_path = out_dir / "slim_costs.json"
+    if not costs_path.is_file():
+        K = int(cfg.method[cfg.sweep.via_sd].framework.decoder.num_draft_tokens)
+        costs = {}
+        for name, mask in masks.items():
+            assert isinstance(mask, RoutingMask)
+            costs[name] = measure_cost_ratio(pair.target.model, mask, context_ids, K + 1, repetitions=7).to_dict()
+        costs_path.write_text(json.dumps(costs, indent=1))
+    profile_path = out_dir / "profile.json"
+    if not profile_path.is_file():
+        shape = cfg.profile
+        profile = costmodel.measure_profile(pair.target.model, pair.draft.model if pair.draft else None,
+                                            list(masks.values()), shape.context, tuple(shape.tokens),
+                                            tuple(shape.prefill), shape.repetitions)
+        profile.save(profile_path)
+
+
+def run(cfg: DictConfig) -> str:
+    out_dir = Path(cfg.out_dir)
+    sweep: SweepConfig = instantiate(cfg.sweep, _convert_="all")
+    routing = load_routing(sweep.masks)
+
+    settings = BenchSettings(repetitions=cfg.repetitions, warmup=0, chat_template=cfg.chat_template,
+                             baseline=sweep.references[0], host=sweep.references[1] if len(sweep.references) > 1
+                             else None, roles=OmegaConf.to_container(cfg.roles), progress=cfg.progress)
+    tasks = {key: instantiate(node, _convert_="all") for key, node in cfg.tasks.items()}
+    only = list(cfg.only) if cfg.only else list(tasks)
+    unknown = [k for k in only if k not in tasks]
+    if unknown:
+        raise ValueError(f"only={unknown}: not tasks of this config ({list(tasks)})")
+    for key in only:
+        tasks[key].prompts()  # read and check every prompt file before any model loads
+    sampling = instantiate(cfg.sampling)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.report_only:
+        return write_report(cfg, out_dir, _points_from_run(sweep, cfg, routing, out_dir))
+
+    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    set_threads(cfg.threads)
+    pair = load_pair(cfg.model_pair, with_draft=True)
+    points = build_points(sweep, cfg.method, routing, attention_share(pair.target.model))
+    (out_dir / "points.json").write_text(json.dumps(
+        [{"name": p.name, "family": p.family, "kind": p.kind, "param": p.param, "mask": p.mask,
+          "slim_layers": p.slim_layers} for p in points], indent=1))
+    methods = [Method(p.name, build_decoder(p.framework, p.verifier, pair)) for p in points]
+    context = {"model_pair": cfg.model_pair.name, "dtype": cfg.runtime.dtype, "device": cfg.runtime.device,
+               "cpu": costmodel.cpu_name()}
+    pending = [k for k in only if not _complete(out_dir, k, tasks[k], points, cfg.repetitions)]
+    if pending:
+        first = tasks[pending[0]]
+        shortest = min((encode_prompt(pair.target, p.text, cfg.chat_template) for p in first.prompts()),
+                       key=lambda x: x.shape[1])
+        if cfg.measure_costs:
+            measure_costs(cfg, out_dir, pair, routing, shortest)
+        for m in methods:  # settle allocators and kernels for every point, untimed
+            m.decoder.generate(shortest, int(cfg.warmup_tokens), sampling, pair.target.stop_token_ids)
+    for key in pending:
+        task = tasks[key]
+        path = _records_path(out_dir, key)
+        begin = time.perf_counter()
+        harness = Harness(methods, pair.target, task, sampling,
+                          BenchSettings(**{**asdict(settings), "max_new_tokens": task.max_new_tokens or 64}), context)
+        with path.open("w", encoding="utf-8") as f:
+            harness.run(lambda record: (f.write(json.dumps(record) + "\n"), f.flush()))
+        logger.info("task %s: %d generations in %.0f s", key, _count(path), time.perf_counter() - begin)
+    meta = {"cpu": costmodel.cpu_name(), "platform": platform.platform(), "torch_threads": torch.get_num_threads(),
+            "points": len(points), "tasks": list(tasks), "ran": pending}
+    (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
+    return write_report(cfg, out_dir, points)
+
+
+def _points_from_run(sweep: SweepConfig, cfg: DictConfig, routing, out_dir: Path):
+    """The sweep's points without loading a model: the slim depth each ran is read from points.json."""
+    points = build_points(sweep, cfg.method, routing)
+    saved = out_dir / "points.json"
+    if saved.is_file():
+        depth = {p["name"]: p["slim_layers"] for p in json.loads(saved.read_text())}
+        for p in points:
+            p.slim_layers = depth.get(p.name, p.slim_layers)
+    return points
+
+
+def _count(path: Path) -> int:
+    return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.is_file() else 0
+
+
+def _complete(out_dir: Path, key: str, task, points, repetitions: int) -> bool:
+    return _count(_records_path(out_dir, key)) == _expected(task, points, repetitions)
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="frontier", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    print(run(cfg))
+
+
+if __name__ == "__main__":
+    main()
