@@ -51,15 +51,17 @@ def test_shipped_config_composes_and_every_point_builds_its_config():
 
 def test_points_carry_their_mask_thresholds_and_alpha():
     cfg = compose_frontier("model_pair=tiny-random", "sweep.masks=[tiny-random-1l]",
-                           "sweep.thresholds=[[0.5,0.3],[0.9,0.8]]", "sweep.alphas=[0.0,2.0]")
+                           "sweep.thresholds=[[0.5,0.3],[0.9,0.8]]", "sweep.alphas=[0.0,2.0]",
+                           "sweep.random_thresholds=[0.7,0.6]")
     sweep = instantiate(cfg.sweep, _convert_="all")
     points = {p.name: p for p in build_points(sweep, cfg.method, load_routing(sweep.masks), attention_share=0.25)}
     via = points["via-sd[1l]@0.9/0.8"]
     assert (via.verifier.policy.tau_accept, via.verifier.policy.tau_slim) == (0.9, 0.8)
     assert list(via.verifier.slim.mask.skip_layers) == [2] and via.verifier.share_prefix
     assert via.slim_layers == 3 and via.family == "VIA-SD 1l"
-    random = points["random[1l]@0.8/0.8"]
+    random = points["random[1l]@0.7/0.6"]
     assert random.verifier.slim.mask._target_.endswith("random_like") and random.verifier.slim.mask.seed == 0
+    assert (random.verifier.policy.tau_accept, random.verifier.policy.tau_slim) == (0.7, 0.6)
     assert points["faster-cascade@2"].verifier.alpha == 2.0 and points["faster-cascade@0"].verifier.alpha == 0.0
     assert points["lookup-intermediate"].slim_layers == "draft"
     mask = instantiate(random.verifier.slim.mask)
@@ -177,3 +179,17 @@ def test_frontier_runs_resumes_and_reports_on_the_tiny_pair(tmp_path):
     ar = next(p for p in summary["points"] if p["name"] == "ar")
     assert ar["agreement"] == 1.0 and ar["full_per_token"] == pytest.approx(1.0)
     assert run(report) == markdown  # rebuilt from the records alone, the same report
+
+
+def test_gated_twins_carry_a_calibrated_gate():
+    from viasd_adapters.bench.frontier import gated_point
+
+    cfg = compose_frontier("model_pair=tiny-random", "sweep.masks=[tiny-random-1l]", "sweep.thresholds=[[0.5,0.3]]",
+                           "sweep.gated=['via-sd[1l]@0.5/0.3']")
+    sweep = instantiate(cfg.sweep, _convert_="all")
+    points = build_points(sweep, cfg.method, load_routing(sweep.masks))
+    twin = gated_point(next(p for p in points if p.name == "via-sd[1l]@0.5/0.3"), 0.4)
+    assert twin.name == "via-sd[1l]@0.5/0.3+gate" and twin.kind == "via-sd"
+    assert twin.verifier.gate.min_confidence == 0.4 and twin.verifier.policy.tau_slim == 0.3
+    with pytest.raises(ValueError, match="not VIA-SD points"):
+        build_points(SweepConfig(alphas=[0.5], gated=["faster-cascade@0.5"]), cfg.method, {})

@@ -43,6 +43,7 @@ class SweepConfig:
     cascade: str | None = "cascade"  # Cascade SD (lossless; one point)
     intermediate: str | None = "lookup-intermediate"  # the independent middle model (one point)
     extra: list[str] = field(default_factory=list)  # any further methods, one point each
+    gated: list[str] = field(default_factory=list)  # VIA-SD points also run with a calibrated block gate
 
     def __post_init__(self) -> None:
         self.thresholds = [list(t) for t in self.thresholds]
@@ -140,10 +141,21 @@ def build_points(sweep: SweepConfig, methods: DictConfig, routing: dict[str, Dic
     for name in sweep.extra:
         add(name, name, name, None, _method(methods, name))
     names = [p.name for p in points]
+    unknown = [g for g in sweep.gated if g not in names or not g.startswith("via-sd")]
+    if unknown:
+        raise ValueError(f"sweep.gated names {unknown}, which are not VIA-SD points of this sweep ({names})")
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ValueError(f"the sweep lists points {dupes} twice: drop the duplicate thresholds, alphas or methods")
     return points
+
+
+def gated_point(point: Point, min_confidence: float) -> Point:
+    """`point` with a `DraftConfidenceGate` of the given (calibrated) threshold in its verifier."""
+    gate = {"_target_": "viasd_adapters.verify.gate.DraftConfidenceGate", "min_confidence": float(min_confidence)}
+    verifier = OmegaConf.merge(point.verifier, {"gate": gate})
+    return Point(f"{point.name}+gate", f"{point.family} + gate", "via-sd", f"{point.param}+gate", point.framework,
+                 verifier, point.mask, point.slim_layers)
 
 
 # ---------------------------------------------------------------------- summaries
@@ -324,35 +336,47 @@ def _curves(summaries: list[PointSummary]) -> dict[str, list[PointSummary]]:
     return curves
 
 
-def frontier_plots(summaries: list[PointSummary], out_dir: Path, subtitle: str = "") -> list[Path]:
-    """speed_quality.png (speedup vs AR against agreement) and rejection_quality.png (rejection
-    rate against agreement): one curve per family, points joined along their parameter."""
+def worst_gap(point: PointSummary, reference: PointSummary) -> float | None:
+    """The point's largest quality loss against the reference over its task metrics, in points (<= 0 is a loss)."""
+    gaps = quality_gaps(point, reference)
+    return min(gaps.values()) if gaps else None
+
+
+def frontier_plots(summaries: list[PointSummary], out_dir: Path, subtitle: str = "", baseline: str = "ar") -> list[Path]:
+    """speed_quality.png (speedup vs AR) and rejection_quality.png (rejection rate), each against two
+    quality measures: token agreement with AR, and the worst task-metric gap to AR in points.
+    One curve per family, its points joined in sweep order and labelled with their parameter."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    ref = next((s for s in summaries if s.name == baseline), None)
+    quality = [("token agreement with AR (mean)", lambda p: p.agreement)]
+    if ref is not None and ref.quality:
+        quality.append(("worst task-metric gap to AR (points)", lambda p: worst_gap(p, ref)))
     paths = []
     for x_key, x_label, file in (("speedup_vs_ar", "speedup vs AR (median, measured)", "speed_quality.png"),
                                  ("rejection_rate", "rejection rate (pooled)", "rejection_quality.png")):
-        fig, ax = plt.subplots(figsize=(7.5, 4.8))
-        for k, (family, pts) in enumerate(_curves(summaries).items()):
-            pts = [p for p in pts if getattr(p, x_key) is not None]
-            if not pts:
-                continue
-            xs, ys = [getattr(p, x_key) for p in pts], [p.agreement for p in pts]
-            ax.plot(xs, ys, marker="os^Dv<>P*X"[k % 10], ls="-" if len(pts) > 1 else "none", color=f"C{k % 10}",
-                    label=family, alpha=0.85)
-            for p, x, y in zip(pts, xs, ys):
-                if p.param:
-                    ax.annotate(p.param, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
-        if x_key == "speedup_vs_ar":
-            ax.axvline(1.0, color="grey", lw=0.8, ls="--")
-        ax.axhline(0.98, color="grey", lw=0.8, ls=":")
-        ax.set_xlabel(x_label)
-        ax.set_ylabel("token agreement with AR (mean)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig, axes = plt.subplots(1, len(quality), figsize=(6.0 * len(quality) + 2.0, 4.8), squeeze=False)
+        for ax, (y_label, y_of) in zip(axes[0], quality):
+            for k, (family, pts) in enumerate(_curves(summaries).items()):
+                pts = [p for p in pts if getattr(p, x_key) is not None and y_of(p) is not None]
+                if not pts:
+                    continue
+                xs, ys = [getattr(p, x_key) for p in pts], [y_of(p) for p in pts]
+                ax.plot(xs, ys, marker="os^Dv<>P*X"[k % 10], ls="-" if len(pts) > 1 else "none",
+                        color=f"C{k % 10}", label=family, alpha=0.85)
+                for p, x, y in zip(pts, xs, ys):
+                    if p.param:
+                        ax.annotate(p.param, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
+            if x_key == "speedup_vs_ar":
+                ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+            ax.axhline(0.98 if y_label.startswith("token") else -1.0, color="grey", lw=0.8, ls=":")
+            ax.set_xlabel(x_label)
+            ax.set_ylabel(y_label)
+            ax.grid(alpha=0.3)
+        axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         if subtitle:
             fig.suptitle(subtitle, fontsize=8, color="dimgrey")
         fig.tight_layout()

@@ -30,6 +30,7 @@ from ..bench.frontier import (
     SweepConfig,
     build_points,
     comparison_table,
+    gated_point,
     frontier_plots,
     matched_comparison,
     points_table,
@@ -124,7 +125,7 @@ def write_report(cfg: DictConfig, out_dir: Path, points) -> str:
                          "other": c.other.name if c.other else None, "rejection_diff": c.rejection_diff,
                          "speed_diff": c.speed_diff} for c in comparisons],
     }, indent=1))
-    frontier_plots(summaries, out_dir, _subtitle(cfg, records))
+    frontier_plots(summaries, out_dir, _subtitle(cfg, records), baseline)
     return markdown
 
 
@@ -171,6 +172,35 @@ def measure_costs(cfg: DictConfig, out_dir: Path, pair, routing: dict[str, DictC
         profile.save(profile_path)
 
 
+def calibrate_gates(cfg: DictConfig, out_dir: Path, pair, points) -> list:
+    """A gated twin of each point, its threshold calibrated on calibration prompts (gates.json, once)."""
+    from ..routing import RoutingMask
+    from ..search.calibration import PromptSource, select_prompts
+    from ..search.gate_calibration import calibrate_gate
+    from ..search.objective import ExpectedCost
+
+    path = out_dir / "gates.json"
+    gates = json.loads(path.read_text()) if path.is_file() else {}
+    profile = costmodel.LatencyProfile.load(out_dir / "profile.json")
+    share = attention_share(pair.target.model)
+    prompts = [encode_prompt(pair.target, text, cfg.chat_template)
+               for source in cfg.gate.prompts.sources
+               for _, text in select_prompts(PromptSource(**source), cfg.gate.prompts.split, cfg.gate.prompts.per_category)]
+    L = int(pair.target.model.config.num_hidden_layers)
+    for point in points:
+        if point.name not in gates:
+            mask = instantiate(point.verifier.slim.mask, _convert_="all")
+            assert isinstance(mask, RoutingMask)
+            expected = ExpectedCost(profile, share, block=int(point.framework.decoder.num_draft_tokens),
+                                    share_prefix=bool(point.verifier.get("share_prefix", False)))
+            slim_ratio, escalate_ratio = expected.ratios(mask, L)
+            choice = calibrate_gate(pair, point.framework, point.verifier, prompts, cfg.gate.max_new_tokens,
+                                    slim_ratio, escalate_ratio)
+            gates[point.name] = asdict(choice) | {"slim_ratio": slim_ratio, "escalate_ratio": escalate_ratio}
+            path.write_text(json.dumps(gates, indent=1))
+    return [gated_point(p, gates[p.name]["min_confidence"]) for p in points]
+
+
 def run(cfg: DictConfig) -> str:
     out_dir = Path(cfg.out_dir)
     sweep: SweepConfig = instantiate(cfg.sweep, _convert_="all")
@@ -198,6 +228,8 @@ def run(cfg: DictConfig) -> str:
     (out_dir / "points.json").write_text(json.dumps(
         [{"name": p.name, "family": p.family, "kind": p.kind, "param": p.param, "mask": p.mask,
           "slim_layers": p.slim_layers} for p in points], indent=1))
+    if sweep.gated:
+        points += calibrate_gates(cfg, out_dir, pair, [p for p in points if p.name in sweep.gated])
     methods = [Method(p.name, build_decoder(p.framework, p.verifier, pair)) for p in points]
     context = {"model_pair": cfg.model_pair.name, "dtype": cfg.runtime.dtype, "device": cfg.runtime.device,
                "cpu": costmodel.cpu_name()}
@@ -228,6 +260,10 @@ def run(cfg: DictConfig) -> str:
 def _points_from_run(sweep: SweepConfig, cfg: DictConfig, routing, out_dir: Path):
     """The sweep's points without loading a model: the slim depth each ran is read from points.json."""
     points = build_points(sweep, cfg.method, routing)
+    gates = out_dir / "gates.json"
+    if sweep.gated and gates.is_file():
+        chosen = json.loads(gates.read_text())
+        points += [gated_point(p, chosen[p.name]["min_confidence"]) for p in points if p.name in chosen]
     saved = out_dir / "points.json"
     if saved.is_file():
         depth = {p["name"]: p["slim_layers"] for p in json.loads(saved.read_text())}
