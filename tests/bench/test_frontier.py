@@ -144,7 +144,7 @@ def test_comparison_takes_the_fastest_matched_point_of_each_family():
     assert by_rival["SD"].speed_diff == pytest.approx(0.8 - 0.9)
 
 
-def test_frontier_runs_resumes_and_reports_on_the_tiny_pair(tmp_path):
+def test_frontier_runs_in_chunks_resumes_and_reports_on_the_tiny_pair(tmp_path):
     from viasd_adapters.cli.frontier import run
 
     prompts = tmp_path / "prompts.jsonl"
@@ -153,31 +153,36 @@ def test_frontier_runs_resumes_and_reports_on_the_tiny_pair(tmp_path):
     overrides = [
         "model_pair=tiny-random", "runtime.dtype=float32", "runtime.draft_dtype=float32",
         "sweep.masks=[tiny-random-1l]", "sweep.thresholds=[[0.5,0.3]]", "sweep.alphas=[0.5]", "sweep.cascade=null",
-        f"tasks.math.prompts_file={prompts}", f"tasks.text.prompts_file={prompts}", "tasks.text.categories=[translation]",
+        f"tasks.math.prompts_file={prompts}", f"tasks.text.prompts_file={prompts}", "tasks.text.categories=[translation,qa]",
         "tasks.math.max_new_tokens=6", "tasks.text.max_new_tokens=6", "~tasks.code", "progress=false",
         "profile.context=16", "profile.tokens=[1,4]", "profile.prefill=[24,32]", "profile.repetitions=2",
-        "warmup_tokens=2",
+        "warmup_tokens=2", f"out_dir={out}",
     ]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        first = compose(config_name="frontier", overrides=[*overrides, f"out_dir={out}", "only=[math]"])
-        again = compose(config_name="frontier", overrides=[*overrides, f"out_dir={out}"])
-        report = compose(config_name="frontier", overrides=[*overrides, f"out_dir={out}", "report_only=true"])
-    run(first)
-    math_records = (out / "records-math.jsonl").read_text().splitlines()
+        math_only = compose(config_name="frontier", overrides=[*overrides, "only=[math]"])
+        one_prompt = compose(config_name="frontier", overrides=[*overrides, "chunk_prompts=1"])
+        everything = compose(config_name="frontier", overrides=overrides)
+        report = compose(config_name="frontier", overrides=[*overrides, "report_only=true"])
+    lines = lambda task: (out / f"records-{task}.jsonl").read_text().splitlines()  # noqa: E731
+    run(math_only)
     points = json.loads((out / "points.json").read_text())
-    assert len(math_records) == len(points) == 6  # ar, sd, via-sd, random, faster-cascade, intermediate
+    assert len(lines("math")) == len(points) == 6  # ar, sd, via-sd, random, faster-cascade, intermediate
     assert not (out / "records-text.jsonl").exists()
     stamp = (out / "records-math.jsonl").stat().st_mtime_ns
-    markdown = run(again)  # resumes: math is complete, text runs
+    run(one_prompt)  # math is complete; one of text's two prompts
     assert (out / "records-math.jsonl").stat().st_mtime_ns == stamp
-    assert len((out / "records-text.jsonl").read_text().splitlines()) == 6
+    assert len(lines("text")) == 6 and {json.loads(x)["prompt_id"] for x in lines("text")} == {"1"}
+    (out / "records-text.jsonl").write_text("\n".join(lines("text")[:-1]) + "\n")  # an interrupted group
+    markdown = run(everything)
+    assert len(lines("text")) == 12 and (out / "records-math.jsonl").stat().st_mtime_ns == stamp
+    assert sorted(json.loads(x)["prompt_id"] for x in lines("text")) == ["1"] * 6 + ["4"] * 6
     for name in ("frontier.md", "frontier.json", "speed_quality.png", "rejection_quality.png", "slim_costs.json",
                  "profile.json"):
         assert (out / name).stat().st_size > 0, name
     assert "via-sd[1l]@0.5/0.3" in markdown and "MODELLED, not measured" in markdown
     summary = json.loads((out / "frontier.json").read_text())
     ar = next(p for p in summary["points"] if p["name"] == "ar")
-    assert ar["agreement"] == 1.0 and ar["full_per_token"] == pytest.approx(1.0)
+    assert ar["agreement"] == 1.0 and ar["full_per_token"] == pytest.approx(1.0) and ar["records"] == 3
     assert run(report) == markdown  # rebuilt from the records alone, the same report
 
 

@@ -37,6 +37,7 @@ from ..bench.frontier import (
     summarize,
 )
 from ..bench.harness import BenchSettings, Harness, Method
+from ..bench.tasks import Prompt, Task
 from ..pipeline import build_decoder, encode_prompt, load_pair
 from ..search.space import attention_share
 from . import CONFIG_DIR, set_threads
@@ -66,10 +67,6 @@ def read_records(out_dir: Path) -> list[dict]:
     for path in sorted(out_dir.glob("records-*.jsonl")):
         records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return records
-
-
-def _expected(task, points, repetitions: int) -> int:
-    return len(task.prompts()) * len(points) * repetitions
 
 
 def _subtitle(cfg: DictConfig, records: list[dict]) -> str:
@@ -225,34 +222,44 @@ def run(cfg: DictConfig) -> str:
     set_threads(cfg.threads)
     pair = load_pair(cfg.model_pair, with_draft=True)
     points = build_points(sweep, cfg.method, routing, attention_share(pair.target.model))
+    pending = {k: _remaining(out_dir, k, tasks[k], len(points) + len(sweep.gated), cfg.repetitions) for k in only}
+    pending = {k: ids for k, ids in pending.items() if ids}
+    if pending and cfg.measure_costs:
+        first = tasks[next(iter(pending))]
+        shortest = min((encode_prompt(pair.target, p.text, cfg.chat_template) for p in first.prompts()),
+                       key=lambda x: x.shape[1])
+        measure_costs(cfg, out_dir, pair, routing, shortest)
+    if sweep.gated:
+        points += calibrate_gates(cfg, out_dir, pair, [p for p in points if p.name in sweep.gated])
     (out_dir / "points.json").write_text(json.dumps(
         [{"name": p.name, "family": p.family, "kind": p.kind, "param": p.param, "mask": p.mask,
           "slim_layers": p.slim_layers} for p in points], indent=1))
-    if sweep.gated:
-        points += calibrate_gates(cfg, out_dir, pair, [p for p in points if p.name in sweep.gated])
     methods = [Method(p.name, build_decoder(p.framework, p.verifier, pair)) for p in points]
     context = {"model_pair": cfg.model_pair.name, "dtype": cfg.runtime.dtype, "device": cfg.runtime.device,
                "cpu": costmodel.cpu_name()}
-    pending = [k for k in only if not _complete(out_dir, k, tasks[k], points, cfg.repetitions)]
-    if pending:
-        first = tasks[pending[0]]
-        shortest = min((encode_prompt(pair.target, p.text, cfg.chat_template) for p in first.prompts()),
-                       key=lambda x: x.shape[1])
-        if cfg.measure_costs:
-            measure_costs(cfg, out_dir, pair, routing, shortest)
-        for m in methods:  # settle allocators and kernels for every point, untimed
-            m.decoder.generate(shortest, int(cfg.warmup_tokens), sampling, pair.target.stop_token_ids)
-    for key in pending:
-        task = tasks[key]
+    budget = int(cfg.chunk_prompts) if cfg.chunk_prompts else None  # prompts this invocation may decode
+    ran = {}
+    for key, ids in pending.items():
+        if budget is not None and budget <= 0:
+            break
+        ids = ids[:budget] if budget is not None else ids
+        task = _Subset(tasks[key], ids)
+        if not ran:  # settle allocators and kernels for every point, untimed, once per process
+            shortest = min((encode_prompt(pair.target, p.text, cfg.chat_template) for p in task.prompts()),
+                           key=lambda x: x.shape[1])
+            for m in methods:
+                m.decoder.generate(shortest, int(cfg.warmup_tokens), sampling, pair.target.stop_token_ids)
         path = _records_path(out_dir, key)
         begin = time.perf_counter()
         harness = Harness(methods, pair.target, task, sampling,
                           BenchSettings(**{**asdict(settings), "max_new_tokens": task.max_new_tokens or 64}), context)
-        with path.open("w", encoding="utf-8") as f:
+        with path.open("a", encoding="utf-8") as f:
             harness.run(lambda record: (f.write(json.dumps(record) + "\n"), f.flush()))
-        logger.info("task %s: %d generations in %.0f s", key, _count(path), time.perf_counter() - begin)
+        ran[key] = ids
+        budget = None if budget is None else budget - len(ids)
+        logger.info("task %s: prompts %s, %.0f s", key, ids, time.perf_counter() - begin)
     meta = {"cpu": costmodel.cpu_name(), "platform": platform.platform(), "torch_threads": torch.get_num_threads(),
-            "points": len(points), "tasks": list(tasks), "ran": pending}
+            "points": len(points), "tasks": list(tasks), "ran": ran}
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
     return write_report(cfg, out_dir, points)
 
@@ -276,8 +283,31 @@ def _count(path: Path) -> int:
     return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.is_file() else 0
 
 
-def _complete(out_dir: Path, key: str, task, points, repetitions: int) -> bool:
-    return _count(_records_path(out_dir, key)) == _expected(task, points, repetitions)
+def _remaining(out_dir: Path, key: str, task, num_points: int, repetitions: int) -> list[str]:
+    """Ids of the task's prompts without a complete group of records (one per point and repetition).
+
+    Records of incomplete groups (an interrupted run, or a sweep that changed) are dropped from
+    the file, so a rerun decodes those prompts again for every point."""
+    path = _records_path(out_dir, key)
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    count: dict[str, int] = {}
+    for r in rows:
+        count[r["prompt_id"]] = count.get(r["prompt_id"], 0) + 1
+    done = {pid for pid, n in count.items() if n == num_points * repetitions}
+    if len(done) != len(count):
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["prompt_id"] in done))
+    return [p.id for p in task.prompts() if p.id not in done]
+
+
+class _Subset(Task):
+    """The prompts of `task` with the given ids (its metrics and budget)."""
+
+    def __init__(self, task: Task, ids: list[str]):
+        self.task, self.ids = task, set(ids)
+        self.name, self.metrics, self.max_new_tokens = task.name, task.metrics, task.max_new_tokens
+
+    def prompts(self) -> list[Prompt]:
+        return [p for p in self.task.prompts() if p.id in self.ids]
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="frontier", version_base="1.3")
