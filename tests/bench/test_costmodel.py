@@ -120,3 +120,24 @@ def test_measure_profile_on_a_tiny_pair():
     assert math.isfinite(profile.forward_ms("slim", 6, slim=3))
     with pytest.raises(ValueError, match="window"):
         measure_profile(target, draft, masks, context=10_000)
+
+
+def test_entries_of_a_viasd_profile_cache_become_measurements():
+    from types import SimpleNamespace
+
+    from viasd_adapters.bench.costmodel import from_profile_entries
+
+    def entry(model, tokens, ms, layers=None, dtype="bfloat16", threads=2, context=128):
+        return SimpleNamespace(model=model, dtype=dtype, threads=threads, context=context, new_tokens=tokens, ms=ms,
+                               repeats=5, layers=layers)
+
+    entries = [entry("big", 1, 200.0), entry("big", 8, 210.0), entry("big", 1, 150.0, layers=20),
+               entry("big", 8, 158.0, layers=20), entry("small", 1, 90.0), entry("small", 8, 95.0),
+               entry("big", 1, 999.0, dtype="float32"), entry("other", 1, 5.0), entry("big", 1, 999.0, threads=1)]
+    got = from_profile_entries(entries, "big", "small", 28, "bfloat16", 2)
+    assert [(m.role, m.layers, m.tokens, m.ms) for m in got] == [
+        ("target", 28.0, 1, 200.0), ("target", 28.0, 8, 210.0), ("target", 20.0, 1, 150.0),
+        ("target", 20.0, 8, 158.0), ("draft", 0.0, 1, 90.0), ("draft", 0.0, 8, 95.0)]
+    profile = LatencyProfile.fit(got, 28, "test")
+    assert profile.forward_ms("target", 1) == pytest.approx(200.0, abs=1e-6)
+    assert profile.forward_ms("slim", 8, slim=20) == pytest.approx(158.0, abs=1e-6)

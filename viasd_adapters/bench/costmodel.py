@@ -71,6 +71,22 @@ class Measurement:
     repetitions: int
 
 
+def from_profile_entries(entries, target: str, draft: str | None, num_layers: int, dtype: str,
+                         threads: int) -> list[Measurement]:
+    """Measurements from the entries of a `viasd-profile` cache (viasd_adapters.profile: `model`,
+    `dtype`, `threads`, `context`, `new_tokens`, `layers` (None: the whole model), `ms`, `repeats`),
+    so a device profiled there can be priced here. Entries of other models, dtypes or thread
+    counts are left out; those with context 0 are prompt-sized (prefill) forwards."""
+    out = []
+    for e in entries:
+        if e.dtype != dtype or e.threads != threads or e.model not in (target, draft):
+            continue
+        role = "target" if e.model == target else "draft"
+        layers = float(e.layers) if e.layers is not None else (float(num_layers) if role == "target" else 0.0)
+        out.append(Measurement(role, layers, int(e.new_tokens), int(e.context), float(e.ms), int(e.repeats)))
+    return out
+
+
 def fit_line(points: list[Measurement], with_layers: bool) -> Line:
     """Least-squares `Line` through measurements (ms against tokens, and layers when asked)."""
     if not points:

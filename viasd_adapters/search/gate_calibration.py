@@ -21,10 +21,12 @@ from ..verify.gate import GateChoice, block_confidence, choose_gate
 
 
 class BlockObserver(Verifier):
-    """A verifier that delegates to another and notes (block confidence, settled) per block."""
+    """A verifier that delegates to another and notes (block confidence, settled) per block:
+    settled when the full model (`full`, a `stats` key) ran no forward for the block."""
 
-    def __init__(self, inner: Verifier):
+    def __init__(self, inner: Verifier, full: str = "target"):
         self.inner = inner
+        self.full = full
         self.observed: list[tuple[float, bool]] = []
 
     @property
@@ -42,11 +44,18 @@ class BlockObserver(Verifier):
     def stats(self):
         return self.inner.stats
 
+    def _full_calls(self) -> int:
+        stats = self.inner.stats
+        if self.full not in stats:
+            raise ValueError(f"the verifier has no {self.full!r} model to watch (it has {sorted(stats)})")
+        return stats[self.full].calls
+
     def verify(self, input_ids: torch.Tensor, draft: DraftBlock, sampler: Sampler) -> Verdict:
+        before = self._full_calls()
         verdict = self.inner.verify(input_ids, draft, sampler)
         if len(draft):
             confidence = block_confidence(draft.tokens, draft.draft_probs(self.vocab_size))
-            self.observed.append((confidence, "full" not in verdict.tier_counts))
+            self.observed.append((confidence, self._full_calls() == before))
         return verdict
 
 
