@@ -139,3 +139,30 @@ def test_calibration_texts_are_cached_per_prompt(tmp_path, prompts_file):
     assert two.texts[0] == one.texts[0] and len(two.texts) == 2 and two.key != one.key
     assert len(json.loads(files[0].read_text())["texts"]) == 2  # the first text was reused, the second added
     assert all(t.num_scored == 6 and len(t.ids) > 6 for t in two.texts)
+
+
+def test_cost_aware_search_prices_masks_with_a_profile(tmp_path, prompts_file):
+    from viasd_adapters.bench.costmodel import LatencyProfile
+
+    profile = LatencyProfile.synthetic(4, draft_ratio=0.1).save(tmp_path / "profile.json")
+    base = tiny_overrides(tmp_path, prompts_file) + [
+        "search=layers", "search.budget.amount=1", "search.config.num_random=2", "search.config.num_tpe=2",
+        "search.baselines.sensitivity=false", "search.config.cost=expected", f"out_dir={tmp_path}/out-expected",
+    ]
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose("search", overrides=base + [f"search.expected.profile={profile}", "search.seeds=[routing:tiny-random-1l]"])
+        no_profile = compose("search", overrides=base + ["search.seeds=[]"])
+        misfit = compose("search", overrides=base + [f"search.expected.profile={profile}", "search.budget.amount=2",
+                                                     "search.seeds=[routing:tiny-random-1l]"])
+    with pytest.raises(ValueError, match="profile"):
+        search_cli.run(no_profile)
+    out = search_cli.run(cfg)
+    seed = out.result.trials[0]
+    assert seed.phase == "seed" and seed.mask.skip_layers == (2,)  # the shipped tiny mask, priced
+    for t in out.result.trials:
+        assert t.loss == pytest.approx(t.metrics.expected) and 0.0 <= t.metrics.settled <= 1.0
+        assert t.metrics.block_cost > 0
+    facts = out.mask.provenance["expected_cost"]
+    assert facts["block"] == 5 and facts["profile"].startswith("modelled")
+    with pytest.raises(ValueError, match="does not fit"):
+        search_cli.run(misfit)

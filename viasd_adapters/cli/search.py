@@ -172,8 +172,9 @@ def _unique(trials):
 
 
 def _seed_masks(kinds: list[str], space: MaskSpace, baselines: Baselines, cost: str) -> list[RoutingMask]:
-    """Known masks the search evaluates first: "sensitivity" (the least sensitive blocks) and "greedy"
-    (greedy removal's mask of the budget, when greedy removal ran that far)."""
+    """Known masks the search evaluates first: "sensitivity" (the least sensitive blocks), "greedy"
+    (greedy removal's mask of the budget, when greedy removal ran that far) and "routing:<name>"
+    (a mask in conf/routing/, e.g. the one a KL search found, to compare under another cost)."""
     seeds = []
     for kind in kinds:
         if kind == "sensitivity":
@@ -191,8 +192,16 @@ def _seed_masks(kinds: list[str], space: MaskSpace, baselines: Baselines, cost: 
                 logger.info('seed "greedy" skipped: it needs a layer budget and search.baselines.greedy >= the budget')
                 continue
             seeds.append(step.mask)
+        elif kind.startswith("routing:"):  # a shipped mask, e.g. one found under another cost
+            path = Path(CONFIG_DIR) / "routing" / f"{kind.split(':', 1)[1]}.yaml"
+            if not path.is_file():
+                raise ValueError(f"seed {kind!r}: no routing config {path}")
+            mask = RoutingMask.from_yaml(path)
+            if space.decode(space.encode(mask)).skips != mask.skips:
+                raise ValueError(f"seed {kind!r} ({mask.describe()}) does not fit the search's budget and candidates")
+            seeds.append(mask)
         else:
-            raise ValueError(f"unknown seed {kind!r}: use 'sensitivity' or 'greedy'")
+            raise ValueError(f"unknown seed {kind!r}: use 'sensitivity', 'greedy' or 'routing:<name>'")
     return seeds
 
 
