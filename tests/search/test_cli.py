@@ -148,6 +148,7 @@ def test_cost_aware_search_prices_masks_with_a_profile(tmp_path, prompts_file):
     base = tiny_overrides(tmp_path, prompts_file) + [
         "search=layers", "search.budget.amount=1", "search.config.num_random=2", "search.config.num_tpe=2",
         "search.baselines.sensitivity=false", "search.config.cost=expected", f"out_dir={tmp_path}/out-expected",
+        "search.candidates=[layer1,layer3,layer2]",  # explicit blocks: no sensitivity table needed
     ]
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose("search", overrides=base + [f"search.expected.profile={profile}", "search.seeds=[routing:tiny-random-1l]"])
@@ -160,6 +161,7 @@ def test_cost_aware_search_prices_masks_with_a_profile(tmp_path, prompts_file):
     seed = out.result.trials[0]
     assert seed.phase == "seed" and seed.mask.skip_layers == (2,)  # the shipped tiny mask, priced
     for t in out.result.trials:
+        assert t.mask.skip_layers[0] in (1, 2, 3)
         assert t.loss == pytest.approx(t.metrics.expected) and 0.0 <= t.metrics.settled <= 1.0
         assert t.metrics.block_cost > 0
     facts = out.mask.provenance["expected_cost"]

@@ -79,7 +79,10 @@ def run(cfg: DictConfig) -> SearchOutput:
     if cfg.search.baselines.sensitivity:
         baselines.sensitivity = sensitivity(objective, L, sub_blocks=budget.unit == "blocks", progress=cfg.progress)
     candidates = None
-    if cfg.search.get("candidates"):
+    given = cfg.search.get("candidates")
+    if given is not None and not isinstance(given, int):  # explicit blocks, e.g. [layer6, attention7]
+        candidates = [_block(str(b)) for b in given]
+    elif given:
         if baselines.sensitivity is None:
             raise ValueError("search.candidates needs search.baselines.sensitivity=true")
         candidates = baselines.sensitivity.least_sensitive(budget.unit, int(cfg.search.candidates), search_cfg.cost)
@@ -113,7 +116,7 @@ def run(cfg: DictConfig) -> SearchOutput:
         "skipped_cost_layers": round(space.cost_of(best.mask), 3),
         "candidates": None if candidates is None else [f"{kind}{i}" for kind, i in candidates],
         "candidates_text": None if candidates is None else
-        f"{len(candidates)} least sensitive: " + ", ".join(f"{kind[0]}{i}" for kind, i in sorted(candidates, key=lambda b: b[1])),
+        f"{len(candidates)} {'given' if given is not None and not isinstance(given, int) else 'least sensitive'}: " + ", ".join(f"{kind[0]}{i}" for kind, i in sorted(candidates, key=lambda b: b[1])),
         "calibration": session.calibration.description | {"scored_positions": session.calibration.num_scored},
         "calibration_text": f"{session.calibration.description['split']} split, "
                             f"{len(session.calibration.texts)} texts, {session.calibration.num_scored} scored positions",
@@ -160,6 +163,16 @@ def run(cfg: DictConfig) -> SearchOutput:
             shutil.copy(out_dir / file, docs / file)
     logger.info("found %s: kl %.4f top1 %.3f -> %s", mask.describe(), best.metrics.kl, best.metrics.top1, mask_path)
     return SearchOutput(mask, result, baselines, mask_path, report_path, installed)
+
+
+def _block(label: str) -> tuple[str, int]:
+    """"layer12" / "attention3" / "mlp7" -> (kind, index), as search.candidates lists them."""
+    import re
+
+    match = re.fullmatch(r"(layer|attention|mlp)(\d+)", label)
+    if not match:
+        raise ValueError(f"candidate block {label!r} is not layer<i>, attention<i> or mlp<i>")
+    return match.group(1), int(match.group(2))
 
 
 def _unique(trials):
