@@ -44,13 +44,13 @@ def test_shipped_config_composes_and_every_point_builds_its_config():
     assert names[:2] == ["ar", "sd"]
     n_masks, n_thr = len(sweep.masks), len(sweep.thresholds)
     assert sum(p.kind == "via-sd" for p in points) == n_masks * n_thr
-    assert sum(p.kind == "random" for p in points) == n_masks
+    assert sum(p.kind == "random" for p in points) == len(sweep.random_masks or sweep.masks)
     assert sum(p.kind == "faster-cascade" for p in points) == len(sweep.alphas)
     assert {t["name"] for t in cfg.tasks.values()} == {"math", "text", "humaneval"}
 
 
 def test_points_carry_their_mask_thresholds_and_alpha():
-    cfg = compose_frontier("model_pair=tiny-random", "sweep.masks=[tiny-random-1l]",
+    cfg = compose_frontier("model_pair=tiny-random", "sweep.masks=[tiny-random-1l]", "sweep.random_masks=null",
                            "sweep.thresholds=[[0.5,0.3],[0.9,0.8]]", "sweep.alphas=[0.0,2.0]",
                            "sweep.random_thresholds=[0.7,0.6]")
     sweep = instantiate(cfg.sweep, _convert_="all")
@@ -75,6 +75,8 @@ def test_bad_sweeps_fail_with_the_fix():
         SweepConfig(thresholds=[[0.5, 0.3]])
     with pytest.raises(ValueError, match="alpha"):
         SweepConfig(alphas=[-1.0])
+    with pytest.raises(ValueError, match="among the sweep's masks"):
+        SweepConfig(masks=["a"], thresholds=[[0.5, 0.3]], random_thresholds=[0.9, 0.9], random_masks=["b"])
     with pytest.raises(ValueError, match="does not exist"):
         load_routing(["no-such-mask"])
     cfg = compose_frontier("model_pair=tiny-random")
@@ -152,7 +154,7 @@ def test_frontier_runs_in_chunks_resumes_and_reports_on_the_tiny_pair(tmp_path):
     out = tmp_path / "out"
     overrides = [
         "model_pair=tiny-random", "runtime.dtype=float32", "runtime.draft_dtype=float32",
-        "sweep.masks=[tiny-random-1l]", "sweep.thresholds=[[0.5,0.3]]", "sweep.alphas=[0.5]", "sweep.cascade=null",
+        "sweep.masks=[tiny-random-1l]", "sweep.random_masks=null", "sweep.thresholds=[[0.5,0.3]]", "sweep.alphas=[0.5]", "sweep.cascade=null",
         f"tasks.math.prompts_file={prompts}", f"tasks.text.prompts_file={prompts}", "tasks.text.categories=[translation,qa]",
         "tasks.math.max_new_tokens=6", "tasks.text.max_new_tokens=6", "~tasks.code", "progress=false",
         "profile.context=16", "profile.tokens=[1,4]", "profile.prefill=[24,32]", "profile.repetitions=2",
@@ -189,7 +191,7 @@ def test_frontier_runs_in_chunks_resumes_and_reports_on_the_tiny_pair(tmp_path):
 def test_gated_twins_carry_a_calibrated_gate():
     from viasd_adapters.bench.frontier import gated_point
 
-    cfg = compose_frontier("model_pair=tiny-random", "sweep.masks=[tiny-random-1l]", "sweep.thresholds=[[0.5,0.3]]",
+    cfg = compose_frontier("model_pair=tiny-random", "sweep.masks=[tiny-random-1l]", "sweep.random_masks=null", "sweep.thresholds=[[0.5,0.3]]",
                            "sweep.gated=['via-sd[1l]@0.5/0.3']")
     sweep = instantiate(cfg.sweep, _convert_="all")
     points = build_points(sweep, cfg.method, load_routing(sweep.masks))

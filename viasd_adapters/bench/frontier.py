@@ -36,7 +36,8 @@ class SweepConfig:
     via_sd: str = "tiered-reuse"  # the VIA-SD method every mask and threshold pair is applied to
     masks: list[str] = field(default_factory=list)  # routing configs (conf/routing/<name>.yaml)
     thresholds: list[list[float]] = field(default_factory=list)  # (tau_accept, tau_slim) pairs
-    random_thresholds: list[float] | None = None  # random skipping at each mask's budget, at these thresholds
+    random_thresholds: list[float] | None = None  # random skipping at a mask's budget, at these thresholds
+    random_masks: list[str] | None = None  # the masks whose budget random skipping gets; None: every mask
     random_seed: int = 0  # seed of the random masks
     faster_cascade: str = "faster-cascade"  # the method each alpha is applied to
     alphas: list[float] = field(default_factory=list)  # Faster Cascades' deferral parameter
@@ -50,6 +51,8 @@ class SweepConfig:
         for pair in self.thresholds + ([list(self.random_thresholds)] if self.random_thresholds else []):
             if len(pair) != 2 or not all(0.0 <= float(t) <= 1.0 for t in pair):
                 raise ValueError(f"thresholds are [tau_accept, tau_slim] pairs in [0, 1], got {pair}")
+        if self.random_masks is not None and not set(self.random_masks) <= set(self.masks):
+            raise ValueError(f"random_masks {self.random_masks} must be among the sweep's masks {self.masks}")
         if self.thresholds and not self.masks:
             raise ValueError("VIA-SD thresholds need at least one routing mask: set sweep.masks")
         if any(a < 0 for a in self.alphas):
@@ -122,7 +125,7 @@ def build_points(sweep: SweepConfig, methods: DictConfig, routing: dict[str, Dic
             overrides = OmegaConf.create({"slim": {"mask": node}, "policy": policy})
             add(f"via-sd[{label}]@{tau_accept:g}/{tau_slim:g}", f"{VIA_SD} {label}", "via-sd",
                 f"{tau_accept:g}/{tau_slim:g}", base, overrides, mask, layers)
-        if sweep.random_thresholds:
+        if sweep.random_thresholds and (sweep.random_masks is None or mask in sweep.random_masks):
             tau_accept, tau_slim = sweep.random_thresholds
             random_mask = OmegaConf.merge(node, {"_target_": "viasd_adapters.routing.RoutingMask.random_like",
                                                  "seed": sweep.random_seed})
