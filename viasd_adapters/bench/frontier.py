@@ -144,6 +144,14 @@ def build_points(sweep: SweepConfig, methods: DictConfig, routing: dict[str, Dic
     for name in sweep.extra:
         add(name, name, name, None, _method(methods, name))
     names = [p.name for p in points]
+    if sweep.gated:
+        import inspect
+
+        from ..verify import TieredVerifier
+
+        if "gate" not in inspect.signature(TieredVerifier.__init__).parameters:
+            raise ValueError("sweep.gated needs a TieredVerifier with a `gate` argument (the block-gate hook),"
+                             " which this version lacks: set sweep.gated=[]")
     unknown = [g for g in sweep.gated if g not in names or not g.startswith("via-sd")]
     if unknown:
         raise ValueError(f"sweep.gated names {unknown}, which are not VIA-SD points of this sweep ({names})")
