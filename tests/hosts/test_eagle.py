@@ -9,7 +9,8 @@ import pytest
 import torch
 import transformers
 
-from tests.conftest import tiny
+from tests.conftest import exact_marginals, tiny
+from tests.verify.statistics import P_MIN, chi_square_p
 
 eagle_utils = pytest.importorskip("eagle.model.utils")
 
@@ -37,7 +38,7 @@ from viasd_adapters.hosts.eagle.adapter import (  # noqa: E402
 )
 from viasd_adapters.decode import AutoregressiveDecoder  # noqa: E402
 from viasd_adapters.routing import RoutingMask  # noqa: E402
-from viasd_adapters.sampling import SamplingConfig  # noqa: E402
+from viasd_adapters.sampling import Sampler, SamplingConfig  # noqa: E402
 from viasd_adapters.verify import ConfidencePolicy, Tier  # noqa: E402
 from viasd_adapters.conf import CONFIG_DIR  # noqa: E402
 
@@ -172,6 +173,31 @@ def test_decoder_sampling_is_reproducible_and_leaves_global_rng_alone(tiny_pair)
     assert torch.equal(torch.get_rng_state(), before[0]) and random.getstate() == before[1]
 
 
+def test_tiered_sampling_with_a_perfect_slim_verifier_samples_the_target(tmp_path):
+    """Statistical: u = q and active tiers, so the 2nd and 3rd sampled tokens (the 1st is the
+    prefill's) follow the target's exact marginals; the slim tier settles many of them."""
+    loaded = tiny(seed=0, architecture="llama", init_std=0.5)  # peaked enough that the tiers matter
+    loaded.model.save_pretrained(tmp_path / "target")
+    loaded.tokenizer.save_pretrained(tmp_path / "target")
+    config = head_config(loaded.model.config, intermediate_size=96)
+    torch.manual_seed(0)
+    save_head(build_head(config), config, tmp_path / "head", full=False, compact=True)
+    ea = load_ea_model(tmp_path / "target", tmp_path / "head")
+    decoder = EagleDecoder(ea_model=ea, routing=RoutingMask.none(), policy=ConfidencePolicy(0.3, 0.0, 0.3))
+    exact = exact_marginals(ea.base_model.target, PROMPT, 3)  # [3, V]
+    M = 500
+    counts, tiers = torch.zeros_like(exact), {}
+    for seed in range(M):
+        out = decoder.generate(PROMPT, 3, SamplingConfig(temperature=1.0, seed=seed))
+        counts[torch.arange(3), torch.tensor(out.tokens)] += 1
+        for tier, n in out.stats.tier_counts.items():
+            tiers[tier] = tiers.get(tier, 0) + n
+    assert tiers[Tier.SLIM] > M // 2 and tiers[Tier.ESCALATE] > M  # u settled tokens, q others (the prefill's)
+    assert float(exact[1].max()) < 0.5  # the 2nd token is far from certain
+    for i in (1, 2):
+        assert chi_square_p(counts[i], exact[i]) > P_MIN, i
+
+
 def test_stop_token_ends_the_generation(tiny_pair):
     _, target, head = tiny_pair
     model = _target(tiny_pair)
@@ -203,27 +229,70 @@ def _u(tree: DraftTree, favourite: dict[int, tuple[int, float]], V: int = 50) ->
 NODES = list(range(10, 36))  # node n drafts token 10 + n (all distinct)
 
 
+GREEDY = Sampler(SamplingConfig())
+
+
+def _decide(tree, u, tau=0.9, room=16):
+    return decide_tree(ConfidencePolicy(tau, 0.0, tau), tree, u.log(), GREEDY, room)
+
+
 def test_decide_tree_accepts_the_longest_agreeing_path():
     tree = _tree(NODES)
     # the deepest path is 0 -> 1 -> 5 -> 13 -> 21 -> 24: u at each parent favours that child
     u = _u(tree, {0: (11, 0.99), 1: (15, 0.99), 5: (23, 0.99), 13: (31, 0.99), 21: (34, 0.99)})
-    decision = decide_tree(ConfidencePolicy(0.9, 0.0, 0.9), tree, u)
-    assert decision.tier == Tier.ACCEPT and decision.num_accepted == 5
-    assert tree.paths[decision.path, 1:].tolist() == [1, 5, 13, 21, 24]
+    chosen = _decide(tree, u)
+    assert chosen.decision.tier == Tier.ACCEPT and chosen.decision.num_accepted == 5
+    assert chosen.decision.token is None  # u at the leaf is not confident: no bonus token
+    assert tree.paths[chosen.path, 1:].tolist() == [1, 5, 13, 21, 24]
+
+
+def test_decide_tree_adds_a_confident_bonus_token_within_the_drift_cap():
+    tree = _tree(NODES)
+    u = _u(tree, {0: (11, 0.99), 1: (15, 0.99), 5: (23, 0.99), 13: (31, 0.99), 21: (34, 0.99), 24: (7, 0.99)})
+    chosen = _decide(tree, u)
+    assert chosen.decision.tier == Tier.ACCEPT and chosen.decision.token == 7
+    capped = _decide(tree, u, room=5)  # a sixth token would put the target 6 behind
+    assert capped.decision.tier == Tier.ACCEPT and capped.decision.num_accepted == 5 and capped.decision.token is None
+    short = _decide(tree, u, room=3)
+    assert short.decision.tier == Tier.ESCALATE and short.decision.num_accepted == 3
 
 
 def test_decide_tree_slim_rewrite_after_the_accepted_prefix():
     tree = _tree(NODES)
     u = _u(tree, {0: (12, 0.99), 2: (49, 0.95)})  # node 2 accepted; then u wants a token no child drafts
-    decision = decide_tree(ConfidencePolicy(0.9, 0.0, 0.9), tree, u)
-    assert decision.tier == Tier.SLIM and decision.num_accepted == 1
-    assert int(tree.paths[decision.path, 1]) == 2
+    chosen = _decide(tree, u)
+    assert chosen.decision.tier == Tier.SLIM and chosen.decision.num_accepted == 1 and chosen.decision.token == 49
+    assert int(tree.paths[chosen.path, 1]) == 2
 
 
 def test_decide_tree_escalates_an_uncertain_first_token():
     tree = _tree(NODES)
-    decision = decide_tree(ConfidencePolicy(0.9, 0.0, 0.9), tree, _u(tree, {0: (11, 0.5)}))
-    assert decision.tier == Tier.ESCALATE and decision.num_accepted == 0
+    chosen = _decide(tree, _u(tree, {0: (11, 0.5)}))
+    assert chosen.decision.tier == Tier.ESCALATE and chosen.decision.num_accepted == 0
+
+
+def test_decide_tree_sampling_settles_tokens_distributed_as_u():
+    """Statistical: u judges the tree's deterministic drafts by speculative sampling (p one-hot), so
+    the first token follows u at the root and the second, after a kept draft, u at that draft."""
+    tree = _tree(NODES)
+    V = 50
+    u = torch.softmax(torch.randn(tree.nodes.numel(), V, generator=torch.Generator().manual_seed(3)) * 1.5, -1)
+    u[0] = 0.3 / (V - 2)
+    u[0, 11], u[0, 12] = 0.5, 0.2  # u's top at the root is drafted (node 1), as is its second (node 2)
+    policy = ConfidencePolicy(0.0, 0.0, 0.0)  # u settles everything
+    M = 3000
+    first, second = torch.zeros(V), torch.zeros(V)
+    for seed in range(M):
+        chosen = decide_tree(policy, tree, u.log(), Sampler(SamplingConfig(temperature=1.0, seed=seed)), 16)
+        d = chosen.decision
+        tokens = tree.candidates[chosen.path, 1 : d.num_accepted + 1].tolist() + [d.token]
+        assert d.tier != Tier.ESCALATE and None not in tokens
+        first[tokens[0]] += 1
+        if tokens[0] == 11:
+            second[tokens[1]] += 1
+    assert first[11] > 0.4 * M and second.sum() > 0.4 * M  # the old rule kept node 1 every time
+    assert chi_square_p(first, u[0]) > P_MIN
+    assert chi_square_p(second, u[1]) > P_MIN  # node 1 drafted 11: u's next distribution is u[1]
 
 
 # ----------------------------------------------------------------------------- integration pieces

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections import Counter
 
 import psutil
 import pytest
@@ -18,13 +19,14 @@ from hydra import compose, initialize_config_dir
 from viasd_adapters.hosts.pearl import DraftWorkerError, PearlConfig, PearlEngine
 from viasd_adapters.hosts.pearl.testing import ToyJudge, ToyProposer, toy_reference
 from tests.conftest import exact_marginals, perturbed, tiny
+from tests.verify.statistics import P_MIN, chi_square_p, total_variation
 from tests.decode.test_loops import PROMPT
 from viasd_adapters.hosts.pearl.adapter import PearlDecoder
 from viasd_adapters.decode import AutoregressiveDecoder
 from viasd_adapters.draft import ModelDrafter
 from viasd_adapters.pipeline import build_decoder, load_pair
 from viasd_adapters.sampling import SamplingConfig
-from viasd_adapters.verify import ConfidencePolicy, LosslessVerifier, TieredVerifier
+from viasd_adapters.verify import ConfidencePolicy, LosslessVerifier, Tier, TieredVerifier
 from viasd_adapters.conf import CONFIG_DIR
 
 TOY_PROMPT = torch.tensor([[3, 5, 7]])
@@ -334,6 +336,25 @@ def test_slim_tier_off_equals_plain_pearl(tiny_target, tiny_draft, sampling):
     assert off.tokens == plain.tokens
     for field in ("steps", "drafted", "accepted", "tier_counts"):
         assert getattr(off.stats, field) == getattr(plain.stats, field)
+
+
+def test_tiered_pearl_sampling_reproduces_the_target_distribution():
+    """Statistical: draft = slim = target with active tiers; the 2nd and 3rd sampled tokens (the
+    1st is pre-verify's, the full model's) follow the target's exact marginals (issue 11)."""
+    target = tiny(seed=0, num_layers=2, init_std=0.5).model
+    N = 800
+    q = exact_marginals(target, PROMPT, 3)  # [3, V]
+    decoder = pearl(target, TieredVerifier(target, target, ConfidencePolicy(0.3, 0.0, 0.3)), window=2)
+    counts, tiers = torch.zeros_like(q), Counter()
+    for seed in range(N):
+        out = decoder.generate(PROMPT, 3, SamplingConfig(temperature=1.0, seed=seed))
+        counts[torch.arange(3), torch.tensor(out.tokens)] += 1
+        tiers.update(out.stats.tier_counts)
+    decoder.close()
+    assert tiers[Tier.ACCEPT] > N and tiers[Tier.ESCALATE] > N // 20  # u settled drafts, q others
+    assert float(q[1].max()) < 0.6
+    for i in (1, 2):
+        assert chi_square_p(counts[i], q[i]) > P_MIN, (i, total_variation(counts[i], q[i]))
 
 
 def test_tiered_pearl_uses_the_slim_tier(tiny_target, tiny_draft):

@@ -39,15 +39,20 @@ def greedy_match(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Acc
     return Acceptance(n, int(target_tokens[n]))
 
 
-def rejection_sample(
+def speculative_prefix(
     draft_tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, sampler: Sampler
-) -> Acceptance:
-    """Speculative sampling: accept x_i with probability min(1, q_i(x_i) / p_i(x_i)).
+) -> tuple[int, int | None]:
+    """Speculative sampling's accept/recover step over a block, without the bonus draw.
+
+    In order, x_i is accepted with probability min(1, q_i(x_i) / p_i(x_i)); at the first rejection
+    the recovered token is drawn from norm(max(0, q_i - p_i)) and the block ends.
 
     Args:
         draft_tokens: [K] long, x_i ~ p_i.
         p: [K, V] draft distributions.
-        q: [K + 1, V] target distributions (same temperature / top-p as p).
+        q: [K, V] the judging distributions at the same positions (same temperature / top-p as p).
+    Returns:
+        (n, recovered): n accepted drafts; the recovered token, or None when all K were accepted.
     """
     K = draft_tokens.numel()
     idx = torch.arange(K, device=draft_tokens.device)
@@ -60,9 +65,24 @@ def rejection_sample(
         residual = (q[i] - p[i]).clamp_min(0)
         total = residual.sum()
         if total <= 0:  # p == q up to rounding: the residual is undefined, q itself is right
-            return Acceptance(i, sampler.draw(q[i]))
-        return Acceptance(i, sampler.draw(residual / total))
-    return Acceptance(K, sampler.draw(q[K]))
+            return i, sampler.draw(q[i])
+        return i, sampler.draw(residual / total)
+    return K, None
+
+
+def rejection_sample(
+    draft_tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, sampler: Sampler
+) -> Acceptance:
+    """Speculative sampling: accept x_i with probability min(1, q_i(x_i) / p_i(x_i)).
+
+    Args:
+        draft_tokens: [K] long, x_i ~ p_i.
+        p: [K, V] draft distributions.
+        q: [K + 1, V] target distributions (same temperature / top-p as p).
+    """
+    K = draft_tokens.numel()
+    n, recovered = speculative_prefix(draft_tokens, p, q[:K], sampler)
+    return Acceptance(n, sampler.draw(q[K]) if recovered is None else recovered)
 
 
 def lossless_accept(

@@ -10,6 +10,7 @@ import torch
 from ..runner import CallStats
 from ..sampling import Sampler
 from ..draft.base import DraftBlock
+from .policy import Tier
 
 
 @dataclass
@@ -19,8 +20,11 @@ class Verdict:
     tokens: torch.Tensor  # [n + 1] or [n] long: kept drafts, then the recovered/rewritten/bonus token
     num_accepted: int  # n: leading draft tokens committed unchanged
     num_drafted: int  # K: draft tokens judged
-    # Draft tokens decided by each tier, e.g. {"full": 3}; a tiered verifier adds "accept", "slim".
+    # Every committed token counted once, under the tier that decided it (kept drafts, and the
+    # recovered / rewritten / bonus token), e.g. {Tier.ESCALATE: 3}: sums to len(tokens). Tier
+    # members are strings ("accept", "slim", "full"); other verifiers may add their own names.
     tier_counts: dict[str, int] = field(default_factory=dict)
+    last_tier: Tier = Tier.ESCALATE  # the tier that chose tokens[-1]
 
 
 class Verifier(ABC):

@@ -11,6 +11,7 @@ from ..sampling import Sampler
 from .acceptance import greedy_match, rejection_sample
 from .base import Verdict
 from .lossless import LosslessVerifier
+from .policy import Tier
 
 
 def token_deferral(p: torch.Tensor, q: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -51,6 +52,8 @@ class SpeculativeCascadeVerifier(LosslessVerifier):
             outcome = rejection_sample(draft.tokens, p, pi, sampler)
         n = outcome.num_accepted
         tokens = torch.cat([draft.tokens[:n], draft.tokens.new_tensor([outcome.next_token])])
-        kept_by_draft = int((~defer[:n]).sum())
-        counts = {"draft": kept_by_draft, "full": min(n + 1, K) - kept_by_draft}
+        # Where pi is p the drafter's distribution decided (the kept drafts, and a token recovered
+        # from pi_n = p_n); the full model decided the rest, the bonus token from q_K included.
+        by_draft = int((~defer[:n]).sum()) + int(n < K and not defer[n])
+        counts = {"draft": by_draft, Tier.ESCALATE: n + 1 - by_draft}
         return Verdict(tokens, n, K, counts)

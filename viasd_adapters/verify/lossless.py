@@ -11,6 +11,7 @@ from ..sampling import Sampler
 from ..draft.base import DraftBlock
 from .acceptance import lossless_accept
 from .base import Verdict, Verifier
+from .policy import Tier
 
 
 class LosslessVerifier(Verifier):
@@ -42,4 +43,4 @@ class LosslessVerifier(Verifier):
         outcome = lossless_accept(draft.tokens, draft.draft_probs(self.vocab_size), logits, sampler)
         n = outcome.num_accepted
         tokens = torch.cat([draft.tokens[:n], draft.tokens.new_tensor([outcome.next_token])])
-        return Verdict(tokens, n, K, {"full": min(n + 1, K)})
+        return Verdict(tokens, n, K, {Tier.ESCALATE: n + 1})

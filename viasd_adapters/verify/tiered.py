@@ -14,6 +14,7 @@ from ..runner import CallStats, CausalLMRunner, common_prefix_length
 from ..sampling import Sampler
 from .acceptance import lossless_accept
 from .base import Verdict, Verifier
+from .decision import SlimScores, decide
 from .policy import Tier, TierPolicy
 
 SlimFactory = Callable[[PreTrainedModel], nn.Module]
@@ -22,12 +23,15 @@ SlimFactory = Callable[[PreTrainedModel], nn.Module]
 class TieredVerifier(Verifier):
     """Composes a slim verifier u and the full target q behind the `Verifier` interface.
 
-    Per block: one slim forward scores all K draft tokens; the policy assigns tiers; the
-    first non-ACCEPT token decides the block:
-      1. ACCEPT tokens are kept without the full model;
+    Per block: one slim forward scores all K draft tokens, then `decide` (verify/decision.py, the
+    rule the EAGLE tree path shares) settles what the slim tier may:
+      1. ACCEPT tokens are kept without the full model (after a block kept whole, u's own next
+         token too when it is confident);
       2. SLIM: u's token replaces the draft token and the block ends;
       3. ESCALATE: one full forward catches up on every token committed without it (its
          cache lags) together with the block, then the lossless rule judges the block.
+    Greedy, the policy's thresholds pick the tiers; sampling, u judges the positions the policy
+    lets it settle with speculative sampling, so those tokens follow u exactly and the rest q.
     With `policy=None` no slim forward runs and this is exactly `LosslessVerifier`.
 
     With `share_prefix` and a routed slim view, the decoder layers [0, p) the two share run once,
@@ -50,10 +54,12 @@ class TieredVerifier(Verifier):
             slim: the slim verifier u (any model a `CausalLMRunner` can run), or a callable
                 that builds it from the target (a routed view of its layers, usually).
             policy: assigns tiers; None switches tiers 1-2 off.
-            max_unverified: most tokens committed in a row without the full model seeing them;
-                past it the full model verifies, which bounds drift.
-            rejudge: when the full model runs, it also judges the tokens tier 1 accepted
-                earlier in the same block (free: they are in its forward anyway).
+            max_unverified: most committed tokens the full model may lag behind (the last
+                committed token, which is fed next, not counted); a position that would exceed
+                it goes to the full model, which bounds drift. 0 switches tiers 1-2 off.
+            rejudge: greedy decoding: when the full model runs, it also judges the tokens tier 1
+                accepted earlier in the same block (free: they are in its forward anyway).
+                Sampling never re-judges them (that would bias the output).
             share_prefix: escalations reuse the slim forward's layers [0, p) (p: the first layer
                 the mask touches) instead of running the target from layer 0. Needs `slim` to
                 be a `SlimModel` view of `target`; no effect without a policy or when p = 0.
@@ -112,30 +118,22 @@ class TieredVerifier(Verifier):
         K = len(draft)
         p = draft.draft_probs(self.vocab_size)  # [K, V]
         sequence = torch.cat([input_ids, draft.tokens[None]], dim=1)  # [1, T + K]
-        if self.policy is None or K == 0:
+        room = self.max_unverified - self.unverified_length(input_ids)
+        if self.policy is None or K == 0 or room <= 0:  # nothing the slim tier could settle
             return self._escalate(sequence, draft, p, sampler, start=0)
 
-        # 1. slim verify: one forward over the block
-        u_logits = self.slim.logits(sequence, K + 1)  # [K + 1, V]
-        u = sampler.probs(u_logits)  # [K + 1, V]
-        tiers = self.policy.assign(draft.tokens, p, u[:K])  # [K]
-        # Tokens past the drift cap go to the full model whatever the policy says.
-        room = self.max_unverified - self.unverified_length(input_ids)
-        tiers[max(room, 0) :] = int(Tier.ESCALATE)
-        undecided = (tiers != int(Tier.ACCEPT)).nonzero()
-        i = int(undecided[0]) if undecided.numel() else K  # first token not accepted by tier 1
-
-        if i == K:  # 2a. tier 1 kept the whole block; u's next token is free when confident
-            tokens = draft.tokens
-            if room > K and self.policy.accepts_bonus(u[K]):
-                tokens = torch.cat([tokens, tokens.new_tensor([sampler.choose_from(u[K], u_logits[K])])])
-            return Verdict(tokens, K, K, {"accept": K})
-        if tiers[i] == int(Tier.SLIM):  # 2b. slim rewrite: the block ends at u's token
-            token = sampler.choose_from(u[i], u_logits[i])
-            tokens = torch.cat([draft.tokens[:i], draft.tokens.new_tensor([token])])
-            return Verdict(tokens, i, K, {"accept": i, "slim": 1})
-        # 3. escalate
-        start = 0 if self.rejudge else i
+        # 1. slim verify: one forward over the block; 2. tiers 1-2 (`decide`)
+        u = SlimScores.of(self.slim.logits(sequence, K + 1), sampler)  # K + 1 positions
+        decision = decide(self.policy, draft.tokens, p, u, sampler, room)
+        n = decision.num_accepted
+        if decision.tier != Tier.ESCALATE:
+            tokens = draft.tokens[:n]
+            if decision.token is not None:
+                tokens = torch.cat([tokens, tokens.new_tensor([decision.token])])
+            return Verdict(tokens, n, K, decision.counts(), decision.last_tier)
+        # 3. escalate. Sampling keeps tier 1's tokens: re-judging tokens u accepted would bias q's
+        # rule (they are no longer plain draws from p).
+        start = 0 if self.rejudge and sampler.config.greedy else n
         return self._escalate(sequence, draft, p, sampler, start)
 
     def _escalate(self, sequence, draft, p, sampler, start: int) -> Verdict:
@@ -145,7 +143,7 @@ class TieredVerifier(Verifier):
         outcome = lossless_accept(draft.tokens[start:], p[start:], logits, sampler)
         n = start + outcome.num_accepted
         tokens = torch.cat([draft.tokens[:n], draft.tokens.new_tensor([outcome.next_token])])
-        counts = {"full": min(outcome.num_accepted + 1, K - start)}
+        counts = {Tier.ESCALATE: outcome.num_accepted + 1}
         if start:
-            counts["accept"] = start
-        return Verdict(tokens, n, K, counts)
+            counts[Tier.ACCEPT] = start
+        return Verdict(tokens, n, K, counts, Tier.ESCALATE)

@@ -13,12 +13,15 @@ VIA-SD's tiers in between):
    token after the committed sequence; the P root-to-leaf paths have at most D drafts;
 2. slim verify: the slim verifier u (the target's own layers, some skipped by the routing mask)
    runs once over [its lagging tokens + the tree] with the same tree mask and its own KV buffers;
-   the tier policy judges every tree node from u at its parent; `decide_tree` follows the path
-   with the longest tier-1 prefix and
+   `decide_tree` picks a path from u alone (greedy: the longest tier-1 prefix) and settles its
+   drafts with `decide`, the rule `TieredVerifier` applies to chains (verify/decision.py):
    - ACCEPT: the whole path is kept without the full model (u's next token too, when confident);
    - SLIM: the accepted prefix is kept and u's token replaces the next draft; the round ends;
+   sampling, u judges the drafts with speculative sampling where the policy lets it;
 3. escalate: otherwise the full target runs over [its lagging tokens + the tree] and eagle-llm's
-   own `evaluate_posterior` judges the tree (greedy match or EAGLE's tree rejection sampling);
+   own `evaluate_posterior` judges the tree (greedy match or EAGLE's tree rejection sampling).
+   Greedy, the drafts tier 1 accepted are re-judged with it; sampling (or `rejudge=False`) they
+   are committed and the next round's tree, grown after them, goes to the full model;
 4. commit: the KV buffers of the views that saw the tree keep the committed path (eagle-llm's
    compaction); the head reads the committed tokens' features (the slim's for tiers 1-2, replaced
    by the full model's once it catches up) and grows the next tree.
@@ -42,12 +45,13 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from ...conf import CONFIG_DIR
 from ...decode import Decoder, DecodeStats, GenerationResult
-from ...routing import RoutingMask
+from ...routing import RoutingMask, SlimModel
 from ...runner import CallStats
 from ...sampling import Sampler, SamplingConfig
-from ...conf import CONFIG_DIR
-from ...verify.policy import Tier, TierPolicy
+from ...verify import LosslessVerifier, Tier, TieredVerifier, TierPolicy, Verifier
+from ...verify.decision import SlimScores, TierDecision, decide
 
 try:
     from eagle.model import choices as eagle_choices
@@ -103,11 +107,10 @@ class DraftTree:
 
 @dataclass
 class TreeDecision:
-    """What the slim tier decides for one tree (`decide_tree`)."""
+    """What the slim tier decides for one tree (`decide_tree`): `decide`'s decision on one path."""
 
-    tier: Tier  # ACCEPT: a whole path; SLIM: u's token after the accepted prefix; ESCALATE: the full model judges
     path: int  # the row of `DraftTree.paths` the decision follows
-    num_accepted: int  # leading drafts of that path tier 1 accepts
+    decision: TierDecision  # the tier, the drafts of that path kept, and u's token after them
 
 
 def _parents(paths: torch.Tensor, num_nodes: int) -> torch.Tensor:
@@ -121,38 +124,50 @@ def _parents(paths: torch.Tensor, num_nodes: int) -> torch.Tensor:
     return torch.tensor(parent, dtype=torch.long, device=paths.device)
 
 
-def node_tiers(policy: TierPolicy, tree: DraftTree, u: torch.Tensor) -> torch.Tensor:
-    """Tiers of the N - 1 draft nodes ([N - 1] long, node 1..N-1), each judged from u at its parent.
+def _one_hot(tokens: torch.Tensor, V: int) -> torch.Tensor:
+    """[K, V] p of drafts the head chose deterministically (its top-k): speculative sampling stays exact."""
+    return torch.zeros(tokens.numel(), V, device=tokens.device).scatter_(1, tokens[:, None], 1.0)
 
-    Args:
-        u: [N, V] slim distributions at the tree nodes (row n scores the token after node n).
+
+def choose_path(policy: TierPolicy, tree: DraftTree, u: SlimScores, greedy: bool, room: int) -> int:
+    """The path the slim tier follows, a function of the tree and u alone (never of a random draw).
+
+    Greedy: the longest tier-1 (ACCEPT) prefix within `room` (the first such path on ties).
+    Sampling: the most drafts u is expected to accept, sum over depths d of the product of
+    u(x_1) ... u(x_d) along the path, counting only positions the policy lets u settle. Choosing
+    the path before any draw keeps the drafts' fate a plain speculative-sampling test against u.
     """
-    parents = tree.parents
-    drafts = tree.nodes[1:]  # [N - 1]
-    V = u.shape[-1]
-    p = torch.zeros(drafts.numel(), V, device=u.device).scatter_(1, drafts[:, None], 1.0)  # one-hot: the head is not a sampler of p here
-    return policy.assign(drafts, p, u[parents[1:]])
-
-
-def decide_tree(policy: TierPolicy, tree: DraftTree, u: torch.Tensor) -> TreeDecision:
-    """Tier decision of one tree from the slim distributions u ([N, V]) at its nodes.
-
-    Every path is a block for the policy; the path with the longest tier-1 (ACCEPT) prefix is
-    followed (the first such path on ties) and its first non-ACCEPT draft decides the round.
-    """
-    tiers = node_tiers(policy, tree, u)  # [N - 1], node n at index n - 1
-    best, best_accepted, best_length = 0, -1, 0
+    parents, drafts = tree.parents[1:], tree.nodes[1:]  # [N - 1] each: node n at index n - 1
+    u_raw = u.raw[parents]  # [N - 1, V], u at each draft's parent
+    p = _one_hot(drafts, u_raw.shape[-1])
+    if greedy:
+        ok = policy.assign(drafts, p, u_raw) == Tier.ACCEPT.code  # [N - 1]
+        gain = ok.float()
+    else:
+        ok = policy.settles(p, u_raw)
+        gain = ok.float() * u.probs[parents, drafts]  # [N - 1]: probability u accepts the draft
+    best, best_score = 0, -1.0
     for j in range(tree.paths.shape[0]):
-        length = tree.path_length(j)
-        path_tiers = tiers[tree.paths[j, 1 : length + 1] - 1]  # [length]
-        rejected = (path_tiers != int(Tier.ACCEPT)).nonzero()
-        accepted = int(rejected[0]) if rejected.numel() else length
-        if accepted > best_accepted:
-            best, best_accepted, best_length = j, accepted, length
-    if best_accepted == best_length:
-        return TreeDecision(Tier.ACCEPT, best, best_accepted)
-    next_tier = Tier(int(tiers[tree.paths[best, best_accepted + 1] - 1]))
-    return TreeDecision(Tier.SLIM if next_tier == Tier.SLIM else Tier.ESCALATE, best, best_accepted)
+        length = min(tree.path_length(j), max(room, 0))
+        along = gain[tree.paths[j, 1 : length + 1] - 1]  # [length]
+        score = float(along.cumprod(0).sum())  # greedy: the tier-1 prefix length
+        if score > best_score:
+            best, best_score = j, score
+    return best
+
+
+def decide_tree(policy: TierPolicy, tree: DraftTree, u_logits: torch.Tensor, sampler: Sampler,
+                room: int) -> TreeDecision:
+    """Tier decision of one tree from the slim logits at its nodes ([N, V]; row n scores the token after node n).
+
+    The path is chosen first (`choose_path`); `decide` then settles its drafts as for a chain,
+    with u at each draft's parent and u after the path's last node.
+    """
+    u = SlimScores.of(u_logits, sampler)
+    j = choose_path(policy, tree, u, sampler.config.greedy, room)
+    nodes = tree.paths[j, : tree.path_length(j) + 1]  # the root, then the path's drafts
+    drafts = tree.nodes[nodes[1:]]
+    return TreeDecision(j, decide(policy, drafts, _one_hot(drafts, u_logits.shape[-1]), u[nodes], sampler, room))
 
 
 @dataclass
@@ -162,7 +177,8 @@ class RoundResult:
     tokens: list[int]  # new output tokens: accepted drafts, then the recovered / rewritten / bonus token
     num_accepted: int  # n: drafts committed unchanged
     num_drafted: int  # D of the tree (0 for the prefill)
-    tier_counts: dict[str, int] = field(default_factory=dict)  # drafts decided per tier: accept / slim / full
+    # every token of `tokens` counted once, under the tier that decided it (as `Verdict.tier_counts`)
+    tier_counts: dict[Tier, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -175,6 +191,7 @@ class _Generation:
     full: KVBuffers  # the target's keys and values; may lag behind `ids` after tiers 1-2
     slim: KVBuffers | None  # the slim view's; lags when a round skipped it
     last: RoundResult | None = None  # what the latest round committed
+    escalate_next: bool = False  # the slim tier already refused the root's position: the full model judges it
 
 
 def _tree_from_name(tree) -> list:
@@ -195,12 +212,16 @@ class TieredEagle(nn.Module):
         routing: the slim verifier's routing mask (`RoutingMask`, or the path of its YAML);
             `RoutingMask.none()` makes u the target itself.
         policy: the tier policy; None switches tiers 1-2 off (stock EAGLE, token for token).
-        max_unverified: most committed tokens the full target may lag behind; beyond it a round
-            goes straight to the full model (the slim pass is skipped).
+        max_unverified: most committed tokens the full target may lag behind (the root, fed next,
+            not counted), as `TieredVerifier`'s: a draft whose commit would exceed it goes to the
+            full model, and a round with no room at all skips the slim pass.
+        rejudge: greedy decoding: an escalation judges the whole tree, the drafts tier 1 accepted
+            included (free: one forward). False, and always when sampling: the drafts tier 1
+            accepted are committed and the full model judges the tree grown after them.
     """
 
     def __init__(self, ea_model: EaModel, routing: RoutingMask | str | Path | None = None,
-                 policy: TierPolicy | None = None, max_unverified: int = 16):
+                 policy: TierPolicy | None = None, max_unverified: int = 16, rejudge: bool = True):
         super().__init__()
         if not isinstance(ea_model, EaModel):
             raise TypeError(f"TieredEagle wraps an eagle-llm EaModel, got {type(ea_model).__name__}")
@@ -211,6 +232,7 @@ class TieredEagle(nn.Module):
         self.ea = ea_model
         self.policy = policy
         self.max_unverified = max_unverified
+        self.rejudge = rejudge
         self.routing = None
         self.layers = None
         if policy is not None:
@@ -321,7 +343,7 @@ class TieredEagle(nn.Module):
                                                logits_processor)
         self.stats["target"].add(T, time.perf_counter() - begin)
         g = _Generation(input_ids.clone(), root.reshape(1, 1).to(input_ids.device), head_out, g_full, g_slim)
-        g.last = RoundResult([int(g.root)], 0, 0)
+        g.last = RoundResult([int(g.root)], 0, 0, {Tier.ESCALATE: 1})
         yield g
         while True:
             g.last = self._round(g, buffers, sampler, logits_processor)
@@ -332,18 +354,22 @@ class TieredEagle(nn.Module):
         candidates, cart_probs, tree_candidates = generate_candidates(
             g.head_out, buffers["tree_indices"], buffers["retrieve_indices"], g.root, logits_processor)
         tree = DraftTree(tree_candidates[0], buffers["retrieve_indices"], candidates, buffers["parents"])
-        lag = g.ids.shape[1] - g.full.length  # committed tokens the full model has not read
-        # 2. slim verify over the tree, tiers on its paths
-        slim = None
-        if self.policy is not None and lag + tree.depth + 1 <= self.max_unverified:
-            slim = self._slim_pass(g, tree_candidates, buffers)
-            u_logits, u_hidden = slim
-            u = sampler.probs(u_logits)  # [N, V]
-            decision = decide_tree(self.policy, tree, u)
+        room = self.max_unverified - (g.ids.shape[1] - g.full.length)  # the full model lags by the difference
+        # 2. slim verify over the tree; `decide` on the path it follows
+        slim_ran = False
+        if self.policy is not None and room > 0 and not g.escalate_next:
+            u_logits, u_hidden = self._slim_pass(g, tree_candidates, buffers)
+            slim_ran = True
+            chosen = decide_tree(self.policy, tree, u_logits, sampler, room)
+            decision = chosen.decision
             if decision.tier != Tier.ESCALATE:
-                return self._commit_slim(g, tree, decision, u, u_logits, u_hidden, sampler, logits_processor)
+                return self._commit_slim(g, tree, chosen, u_hidden, logits_processor)
+            if decision.num_accepted and (not self.rejudge or not sampler.config.greedy):
+                g.escalate_next = True  # the full model judges the position after the kept drafts
+                return self._commit_slim(g, tree, chosen, u_hidden, logits_processor)
         # 3. escalate: the full target judges the tree with eagle-llm's own rule
-        return self._escalate(g, tree, cart_probs, tree_candidates, buffers, logits_processor, slim is not None)
+        g.escalate_next = False
+        return self._escalate(g, tree, cart_probs, tree_candidates, buffers, logits_processor, slim_ran)
 
     def _slim_pass(self, g: _Generation, tree_candidates, buffers):
         """u's logits [N, V] and normed hidden states [1, N, H] at the tree nodes (lagging tokens read first)."""
@@ -360,25 +386,23 @@ class TieredEagle(nn.Module):
         self.stats["slim"].add(ids.shape[1], time.perf_counter() - begin)
         return logits, hidden
 
-    def _commit_slim(self, g, tree, decision, u, u_logits, u_hidden, sampler, logits_processor) -> RoundResult:
-        """4. commit a tier-1/2 decision: no full model; the head reads the slim's features."""
+    def _commit_slim(self, g, tree, chosen: TreeDecision, u_hidden, logits_processor) -> RoundResult:
+        """4. commit what the slim tier settled, no full model; the head reads the slim's features."""
         S = g.ids.shape[1]
-        j, a = decision.path, decision.num_accepted
-        nodes = tree.paths[j, : a + 1]  # root and the accepted drafts
-        drafts = tree.candidates[j, 1 : a + 1].tolist()
-        last = int(nodes[-1])
-        counts = {"accept": a} if a else {}
-        if decision.tier == Tier.SLIM:
-            next_token = sampler.choose_from(u[last], u_logits[last])
-            counts["slim"] = 1
+        decision = chosen.decision
+        a = decision.num_accepted
+        nodes = tree.paths[chosen.path, : a + 1]  # root and the kept drafts
+        drafts = tree.candidates[chosen.path, 1 : a + 1].tolist()
+        if decision.token is not None:  # u's rewrite, or its token after the whole path
+            next_token = decision.token
             tokens = drafts + [next_token]
-        elif self.policy.accepts_bonus(u[last]):
-            next_token = sampler.choose_from(u[last], u_logits[last])
-            tokens = drafts + [next_token]
-        else:  # the last accepted draft becomes the root: it is output, not yet read by any model
+        else:  # the last kept draft becomes the root: it is output, not yet read by any model
             next_token = drafts[-1]
             nodes = nodes[:-1]
             tokens = drafts
+        counts = {Tier.ACCEPT: a} if a else {}
+        if decision.token is not None:
+            counts[Tier.SLIM] = 1
         g.slim.keep(S, nodes.to(g.slim.data.device) + S)
         committed = tree.nodes[nodes][None].to(g.ids.device)  # [1, c]
         g.ids = torch.cat([g.ids, committed], dim=1)
@@ -423,7 +447,7 @@ class TieredEagle(nn.Module):
         self.stats["eagle_head"].add(accept_length + 1, time.perf_counter() - begin)
         g.root = root.reshape(1, 1).to(g.ids.device)
         tokens = tree.candidates[best, 1 : accept_length + 1].tolist() + [int(g.root)]
-        return RoundResult(tokens, accept_length, tree.depth, {"full": min(accept_length + 1, tree.depth)})
+        return RoundResult(tokens, accept_length, tree.depth, {Tier.ESCALATE: accept_length + 1})
 
 
 @contextlib.contextmanager
@@ -461,11 +485,42 @@ def resolve_head(head: str | Path) -> Path:
     )
 
 
+def tree_tiers(verifier: Verifier, target: PreTrainedModel | None = None):
+    """(routing, policy, max_unverified, rejudge) of the tree path from a configured verifier.
+
+    EAGLE verifies its own tree: of the project's verifiers it takes the lossless rule (stock
+    EAGLE) and VIA-SD's tiers with a slim view of the target; anything else is refused.
+    """
+    if isinstance(verifier, TieredVerifier):
+        if target is not None and verifier.target.model is not target:
+            raise ValueError("the tiered verifier was built for another target than EAGLE's")
+        if verifier.policy is None:  # tiers off: stock EAGLE
+            return None, None, verifier.max_unverified, verifier.rejudge
+        if verifier.shared is not None:
+            raise ValueError("framework=eagle does not reuse shared layers: set verifier.share_prefix=false")
+        slim = verifier.slim.model
+        if not isinstance(slim, SlimModel) or slim.lm_head is not verifier.target.model.get_output_embeddings():
+            raise ValueError(
+                "framework=eagle runs the slim verifier over its tree with the target's own layers: use"
+                " verifier=tiered (a routed view of the target); an independent middle model"
+                " (verifier=tiered-intermediate) works with framework=sd, lookup or pearl")
+        return slim.mask, verifier.policy, verifier.max_unverified, verifier.rejudge
+    if type(verifier) is LosslessVerifier:
+        return None, None, 16, True
+    raise ValueError(
+        f"framework=eagle verifies its tree with verifier=full (stock EAGLE) or verifier=tiered (VIA-SD),"
+        f" not {type(verifier).__name__}: pick one of those, or another framework for this verifier")
+
+
 class EagleDecoder(Decoder):
     """EAGLE (optionally tiered) behind the project's `Decoder` interface, with `DecodeStats`.
 
     Built either around a transformers target already loaded (`target=` and `head=`: the pipeline's
     way; the target is shared, not reloaded) or around an existing `EaModel` (`ea_model=`).
+
+    The tiers come from `verifier=` (what the `verifier` config group builds, as for every other
+    host: `LosslessVerifier` is stock EAGLE, `TieredVerifier` gives its policy, routing mask,
+    `max_unverified` and `rejudge` to the tree path) or, from Python, from `routing=` and `policy=`.
 
     `stats.drafted` counts D per round (the most a round can accept), `stats.steps` the rounds
     (the prefill, which yields the first token, is not one); `model_calls` has "target", "slim" and
@@ -473,15 +528,20 @@ class EagleDecoder(Decoder):
     """
 
     def __init__(self, target: PreTrainedModel | None = None, head: str | Path | None = None,
-                 ea_model: EaModel | None = None, routing: RoutingMask | str | Path | None = None,
-                 policy: TierPolicy | None = None, max_unverified: int = 16, tree: str | list = "mc_sim_7b_63",
+                 ea_model: EaModel | None = None, verifier: Verifier | None = None,
+                 routing: RoutingMask | str | Path | None = None, policy: TierPolicy | None = None,
+                 max_unverified: int = 16, rejudge: bool = True, tree: str | list = "mc_sim_7b_63",
                  tokenizer_path: str | Path | None = None):
-        if ea_model is None:
-            if target is None or head is None:
-                raise ValueError("EagleDecoder needs ea_model=, or target= and head= (an EAGLE head folder)")
-            ea_model = ea_model_from_target(target, resolve_head(head), tokenizer_path)
-        self.model = TieredEagle(ea_model, routing, policy, max_unverified)
+        if ea_model is None and (target is None or head is None):
+            raise ValueError("EagleDecoder needs ea_model=, or target= and head= (an EAGLE head folder)")
+        if verifier is not None:
+            if routing is not None or policy is not None:
+                raise ValueError("give the tiers either as verifier= or as routing= and policy=, not both")
+            routing, policy, max_unverified, rejudge = tree_tiers(verifier, target)
         self.tree = _tree_from_name(tree)
+        if ea_model is None:
+            ea_model = ea_model_from_target(target, resolve_head(head), tokenizer_path)
+        self.model = TieredEagle(ea_model, routing, policy, max_unverified, rejudge)
 
     @property
     def context_length(self) -> int:
@@ -509,7 +569,7 @@ class EagleDecoder(Decoder):
                     stats.steps += 1
                     stats.drafted += result.num_drafted
                     stats.accepted += result.num_accepted
-                    stats.tier_counts.update(result.tier_counts)
+                stats.tier_counts.update(result.tier_counts)
                 done = False
                 for token in result.tokens:
                     tokens.append(token)

@@ -75,19 +75,23 @@ class VerifierJudge:
             tokens=verdict.tokens,
             num_accepted=verdict.num_accepted,
             num_drafted=verdict.num_drafted,
-            counts=dict(verdict.tier_counts),
-            next_token_tier=next_token_tier(verdict),
+            counts=draft_counts(verdict),
+            next_token_tier=verdict.last_tier,
         )
 
 
-def next_token_tier(verdict: Verdict) -> str:
-    """Which tier chose the token after the kept drafts.
+def draft_counts(verdict: Verdict) -> dict[str, int]:
+    """The verdict's tier counts less the token after a block kept whole (the bonus token).
 
-    `Verdict` does not say; this reads it off the tier counts: the full model's token whenever
-    the full model ran on the block, otherwise the slim verifier's (a rewrite, or the bonus token
-    of a block tier 1 accepted whole).
+    A `Verdict` counts every committed token; the engine counts judged drafts and adds the
+    verifier's own token itself, under `next_token_tier`, when it judges a draft with it.
     """
-    return "full" if "full" in verdict.tier_counts else "slim"
+    counts = dict(verdict.tier_counts)
+    if verdict.num_accepted == verdict.num_drafted and verdict.tokens.numel() > verdict.num_drafted:
+        counts[verdict.last_tier] -= 1
+        if not counts[verdict.last_tier]:
+            del counts[verdict.last_tier]
+    return counts
 
 
 class PearlDecoder(Decoder):
