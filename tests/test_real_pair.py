@@ -1,11 +1,20 @@
-"""The real Qwen2.5-Coder 0.5B -> 1.5B pair (offline PyPI packages), in the default run."""
+"""The real Qwen2.5-Coder 0.5B -> 1.5B pair (offline PyPI packages), in the default run.
+
+VIASD_TEST_DEVICE=cuda runs them on a GPU (tools/gpu_check.sh does)."""
+
+import os
 
 import pytest
 
-from tests.test_configs import compose_generate
+from tests.test_configs import compose_generate as _compose_generate
 from viasd_adapters.cli.generate import run
 
 PROMPT = "prompt=Write a Python function that returns the n-th Fibonacci number."
+DEVICE = os.environ.get("VIASD_TEST_DEVICE", "cpu")
+
+
+def compose_generate(*overrides: str):
+    return _compose_generate(f"runtime.device={DEVICE}", *overrides)
 
 
 @pytest.fixture(scope="module")

@@ -338,10 +338,10 @@ class Choice:
 
     def describe(self) -> str:
         if self.framework == "ar":
-            return f"greedy AR in {self.dtype} ({self.threads} threads): no draft length beats it at a = {self.acceptance:.2f}"
+            return f"greedy AR in {self.dtype} ({self.threads} thread{'s' if self.threads > 1 else ''}): no draft length beats it at a = {self.acceptance:.2f}"
         return (
             f"SD, target {self.dtype}, draft {self.draft_dtype}, K = {self.num_draft_tokens} at first"
-            f" (adapted to the observed acceptance), {self.threads} threads: expected"
+            f" (adapted to the observed acceptance), {self.threads} thread{'s' if self.threads > 1 else ''}: expected"
             f" {self.expected_speedup:.2f}x AR at a = {self.acceptance:.2f}"
         )
 
