@@ -141,3 +141,15 @@ def test_entries_of_a_viasd_profile_cache_become_measurements():
     profile = LatencyProfile.fit(got, 28, "test")
     assert profile.forward_ms("target", 1) == pytest.approx(200.0, abs=1e-6)
     assert profile.forward_ms("slim", 8, slim=20) == pytest.approx(158.0, abs=1e-6)
+
+
+def test_settled_share_needed_by_hand():
+    from viasd_adapters.bench.costmodel import settled_share_needed
+
+    # GPU-like: c = 0.05, K = 5: SD costs 1.25 per round; VIA-SD with s = 0.6, e = 0.8 must keep
+    # s + (1 - x) e <= 1.25 / 1.1 - 0.25 = 0.8864 -> x >= 1 - 0.2864 / 0.8 = 0.642
+    assert settled_share_needed(0.05, 5, 0.6, 0.8) == pytest.approx(1 - (1.25 / 1.1 - 0.25 - 0.6) / 0.8)
+    # this CPU: c = 0.47: the slim pass alone (0.83) is more than SD's whole margin
+    assert settled_share_needed(0.47, 5, 0.83, 0.6) is None
+    # a free slim pass that settles nothing, against no gain: nothing needed
+    assert settled_share_needed(0.1, 4, 0.0, 1.0, gain=1.0) == pytest.approx(0.0, abs=1e-12)

@@ -427,3 +427,29 @@ def modelled_speedups(records: list[dict], profiles: list[LatencyProfile], slim_
         out[profile.device] = {p.method: p.predicted_speedup for p in predict_records(records, profile, slim_layers,
                                                                                        baseline)}
     return out
+
+
+# ---------------------------------------------------------------------- break-even
+
+
+def settled_share_needed(draft_ratio: float, block: int, slim_ratio: float, escalate_ratio: float,
+                         gain: float = 1.10) -> float | None:
+    """Share of verify blocks the slim tier must settle for VIA-SD to run `gain` x its host (SD).
+
+    Per round, with costs in target steps and the same tokens per round on both sides (VIA-SD's
+    lossless points commit what SD commits):
+
+        SD:     K * c + 1                       VIA-SD: K * c + s + (1 - settled) * e
+
+    so settled >= 1 - ((K c + 1) / gain - K c - s) / e. None: out of reach even when every block
+    settles (the slim pass alone costs too much next to the draft).
+
+    Args:
+        draft_ratio: c, one draft step / one target step.
+        block: K, draft tokens per round.
+        slim_ratio, escalate_ratio: s and e, a slim forward and an escalation / a full verify.
+    """
+    budget = (block * draft_ratio + 1.0) / gain - block * draft_ratio - slim_ratio
+    if budget < 0:
+        return None
+    return max(0.0, 1.0 - budget / escalate_ratio)
