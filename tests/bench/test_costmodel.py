@@ -153,3 +153,12 @@ def test_settled_share_needed_by_hand():
     assert settled_share_needed(0.47, 5, 0.83, 0.6) is None
     # a free slim pass that settles nothing, against no gain: nothing needed
     assert settled_share_needed(0.1, 4, 0.0, 1.0, gain=1.0) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_escalations_over_a_shared_prefix_are_priced_by_the_layers_they_run():
+    profile = _profile()  # target: 10 + 2 ms per layer per call, 0.5 ms per token, 20 layers
+    calls = {"target": {"calls": 2, "tokens": 40 + 6}}
+    whole = profile.seconds(calls, 40)
+    upper = profile.seconds(calls, 40, full=5)  # layers [15, 20) only
+    # prefill scaled by 5 / 20; the second call: 10 + 2 * 5 + 6 * 0.5 = 23 instead of 53
+    assert whole == pytest.approx((220 + 53) / 1e3) and upper == pytest.approx((220 / 4 + 23) / 1e3)

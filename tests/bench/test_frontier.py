@@ -59,6 +59,7 @@ def test_points_carry_their_mask_thresholds_and_alpha():
     assert (via.verifier.policy.tau_accept, via.verifier.policy.tau_slim) == (0.9, 0.8)
     assert list(via.verifier.slim.mask.skip_layers) == [2] and via.verifier.share_prefix
     assert via.slim_layers == 3 and via.family == "VIA-SD 1l"
+    assert via.full_layers == 2  # share_prefix: an escalation runs layers [2, 4) over the slim pass's states
     random = points["random[1l]@0.7/0.6"]
     assert random.verifier.slim.mask._target_.endswith("random_like") and random.verifier.slim.mask.seed == 0
     assert (random.verifier.policy.tau_accept, random.verifier.policy.tau_slim) == (0.7, 0.6)

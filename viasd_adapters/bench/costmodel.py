@@ -117,20 +117,24 @@ class LatencyProfile:
     facts: dict = field(default_factory=dict)  # dtype, threads, torch version, date
 
     # ------------------------------------------------------------------ pricing
-    def _priced_as(self, role: str, slim: float | str | None) -> tuple[str, float]:
+    def _priced_as(self, role: str, slim: float | str | None, full: float | None = None) -> tuple[str, float]:
         """(line, layers) that price a forward of `role`: the slim verifier is the target running
-        `slim` layers, or, for an independent middle model (slim="draft"), the draft."""
+        `slim` layers, or, for an independent middle model (slim="draft"), the draft; the target
+        runs `full` layers (an escalation over a shared prefix) or all of them."""
         if role not in ROLES:
             raise ValueError(f"model_calls key {role!r} is not one the cost model prices ({ROLES})")
         if role == "slim":
             if slim is None:
                 raise ValueError("pricing a slim forward needs the layers it runs (or 'draft' for a separate model)")
             return ("draft", 0.0) if slim == "draft" else ("target", float(slim))
-        return role, (float(self.num_layers) if role == "target" else 0.0)
+        if role == "target":
+            return role, float(self.num_layers if full is None else full)
+        return role, 0.0
 
-    def forward_ms(self, role: str, tokens: int, slim: float | str | None = None, first: bool = False) -> float:
+    def forward_ms(self, role: str, tokens: int, slim: float | str | None = None, first: bool = False,
+                   full: float | None = None) -> float:
         """ms of one forward of `tokens` new tokens (`first`: the generation's prefill)."""
-        line, layers = self._priced_as(role, slim)
+        line, layers = self._priced_as(role, slim, full)
         if line not in self.decode:
             raise ValueError(f"the profile has no {line!r} line (it prices {sorted(self.decode)})")
         if first:  # a slim prefill runs its share of the target's layers
@@ -138,17 +142,20 @@ class LatencyProfile:
             return scale * self.prefill[line].ms(tokens)
         return self.decode[line].ms(tokens, layers)
 
-    def seconds(self, model_calls: dict[str, dict], prompt_tokens: int, slim: float | str | None = None) -> float:
-        """Predicted wall seconds of a generation from its `model_calls` ({role: {calls, tokens}})."""
+    def seconds(self, model_calls: dict[str, dict], prompt_tokens: int, slim: float | str | None = None,
+                full: float | None = None) -> float:
+        """Predicted wall seconds of a generation from its `model_calls` ({role: {calls, tokens}}).
+        `slim`: layers the slim verifier runs; `full`: layers a target forward runs (escalations
+        over a shared prefix run L - p; None: all L)."""
         total_ms = 0.0
         for role, c in model_calls.items():
             calls, tokens = int(c["calls"]), int(c["tokens"])
             if calls == 0:
                 continue
             first = min(prompt_tokens, tokens)
-            line, layers = self._priced_as(role, slim)
+            line, layers = self._priced_as(role, slim, full)
             decode = self.decode[line]
-            total_ms += self.forward_ms(role, first, slim, first=True)
+            total_ms += self.forward_ms(role, first, slim, first=True, full=full)
             total_ms += (calls - 1) * decode.per_call(layers) + (tokens - first) * decode.per_token(layers)
         return total_ms / 1e3
 
@@ -371,15 +378,17 @@ class Prediction:
 
 
 def predict_records(records: list[dict], profile: LatencyProfile, slim_layers: dict[str, float | str],
-                    baseline: str = "ar") -> list[Prediction]:
+                    baseline: str = "ar", full_layers: dict[str, float] | None = None) -> list[Prediction]:
     """Per method: the profile's predicted tokens/s and speedup against `baseline`, beside the measured.
 
     `slim_layers`: method name -> layers its slim verifier runs, or "draft" when its middle tier is
-    the separate draft model (methods without a slim model need no entry). Speedups pair records of the same (task, prompt, rep) as the harness does.
+    the separate draft model (methods without a slim model need no entry). `full_layers`: method
+    name -> layers its target forwards run (shared-prefix escalations: L - p); absent: all L. Speedups pair records of the same (task, prompt, rep) as the harness does.
     """
     predicted: dict[int, float] = {}
     for k, r in enumerate(records):
-        seconds = profile.seconds(r["model_calls"], r["prompt_tokens"], slim_layers.get(r["method"]))
+        seconds = profile.seconds(r["model_calls"], r["prompt_tokens"], slim_layers.get(r["method"]),
+                                  (full_layers or {}).get(r["method"]))
         predicted[k] = r["new_tokens"] / seconds if seconds > 0 else 0.0
     base = {(r.get("task"), r["prompt_id"], r["rep"]): k for k, r in enumerate(records) if r["method"] == baseline}
     out = []
@@ -419,13 +428,13 @@ def validation_table(predictions: list[Prediction], device: str) -> str:
 
 
 def modelled_speedups(records: list[dict], profiles: list[LatencyProfile], slim_layers: dict[str, float | str],
-                      baseline: str = "ar") -> dict[str, dict[str, float]]:
+                      baseline: str = "ar", full_layers: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
     """{profile.device: {method: median modelled speedup vs baseline}} from the measured call counts."""
     out = {}
     for profile in profiles:
         assert profile.modelled, "modelled_speedups is for modelled profiles; measured ones: predict_records"
         out[profile.device] = {p.method: p.predicted_speedup for p in predict_records(records, profile, slim_layers,
-                                                                                       baseline)}
+                                                                                       baseline, full_layers)}
     return out
 
 

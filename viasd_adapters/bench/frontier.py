@@ -73,6 +73,7 @@ class Point:
     verifier: DictConfig
     mask: str | None = None  # routing config name (VIA-SD and random points)
     slim_layers: float | str | None = None  # layers the slim verifier runs; "draft" for a separate model
+    full_layers: float | None = None  # layers a target forward runs (L - p when escalations share a prefix); None: all
 
 
 def _plain(node: DictConfig) -> DictConfig:
@@ -106,7 +107,14 @@ def build_points(sweep: SweepConfig, methods: DictConfig, routing: dict[str, Dic
 
     def add(name, family, kind, param, base, verifier_overrides=None, mask=None, slim_layers=None):
         verifier = OmegaConf.merge(base.verifier, verifier_overrides or {})
-        points.append(Point(name, family, kind, param, base.framework, verifier, mask, slim_layers))
+        full = None
+        if mask is not None and verifier.get("share_prefix"):
+            from hydra.utils import instantiate
+
+            bound = instantiate(verifier.slim.mask, _convert_="all")  # random masks are drawn here, as at run time
+            p = min(bound.touched_layers) if bound.touched_layers else 0
+            full = float(bound.num_layers - p) if p else None
+        points.append(Point(name, family, kind, param, base.framework, verifier, mask, slim_layers, full))
 
     for ref in sweep.references:
         add(ref, ref.upper() if ref in ("ar", "sd") else ref, ref, None, _method(methods, ref))
@@ -166,7 +174,7 @@ def gated_point(point: Point, min_confidence: float) -> Point:
     gate = {"_target_": "viasd_adapters.verify.gate.DraftConfidenceGate", "min_confidence": float(min_confidence)}
     verifier = OmegaConf.merge(point.verifier, {"gate": gate})
     return Point(f"{point.name}+gate", f"{point.family} + gate", "via-sd", f"{point.param}+gate", point.framework,
-                 verifier, point.mask, point.slim_layers)
+                 verifier, point.mask, point.slim_layers, point.full_layers)
 
 
 # ---------------------------------------------------------------------- summaries

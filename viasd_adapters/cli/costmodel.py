@@ -27,8 +27,8 @@ from . import CONFIG_DIR, set_threads
 logger = logging.getLogger(__name__)
 
 
-def _read_run(path: Path) -> tuple[list[dict], dict[str, float | str]]:
-    """Records of a frontier or bench run directory, and each method's slim depth (points.json)."""
+def _read_run(path: Path) -> tuple[list[dict], dict[str, float | str], dict[str, float]]:
+    """Records of a frontier or bench run directory, and each method's slim and escalation depth (points.json)."""
     if not path.is_dir():
         raise ValueError(f"records={str(path)!r} is not a run directory of viasd-frontier or viasd-bench")
     files = sorted(path.glob("records-*.jsonl")) or sorted(path.glob("records.jsonl"))
@@ -36,10 +36,13 @@ def _read_run(path: Path) -> tuple[list[dict], dict[str, float | str]]:
         raise ValueError(f"{path} holds no records-*.jsonl or records.jsonl")
     records = [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
     slim: dict[str, float | str] = {}
+    full: dict[str, float] = {}
     points = path / "points.json"
     if points.is_file():
-        slim = {p["name"]: p["slim_layers"] for p in json.loads(points.read_text()) if p["slim_layers"] is not None}
-    return records, slim
+        rows = json.loads(points.read_text())
+        slim = {p["name"]: p["slim_layers"] for p in rows if p["slim_layers"] is not None}
+        full = {p["name"]: p["full_layers"] for p in rows if p.get("full_layers") is not None}
+    return records, slim, full
 
 
 def profile_markdown(profile: costmodel.LatencyProfile) -> str:
@@ -70,10 +73,10 @@ def run(cfg: DictConfig) -> Path:
         if not cfg.records or not cfg.profile:
             raise ValueError("mode=predict needs records=RUN_DIR and profile=PATH/profile.json")
         profile = costmodel.LatencyProfile.load(cfg.profile)  # checked before reading any records
-        records, slim = _read_run(Path(cfg.records))
-        predictions = costmodel.predict_records(records, profile, slim, cfg.baseline)
+        records, slim, full = _read_run(Path(cfg.records))
+        predictions = costmodel.predict_records(records, profile, slim, cfg.baseline, full)
         modelled = [costmodel.LatencyProfile.synthetic(profile.num_layers, float(r)) for r in cfg.draft_ratios]
-        table = costmodel.modelled_speedups(records, modelled, slim, cfg.baseline)
+        table = costmodel.modelled_speedups(records, modelled, slim, cfg.baseline, full)
         text = [costmodel.validation_table(predictions, profile.device), "",
                 "## MODELLED, not measured", "", "| method | " + " | ".join(table) + " |", "|---|" + "---|" * len(table)]
         for name in dict.fromkeys(r["method"] for r in records):

@@ -128,11 +128,12 @@ def write_report(cfg: DictConfig, out_dir: Path, points) -> str:
 
 def costmodel_section(records, points, profile: costmodel.LatencyProfile, baseline: str) -> list[str]:
     slim = {p.name: p.slim_layers for p in points if p.slim_layers is not None}
-    predictions = costmodel.predict_records(records, profile, slim, baseline)
+    full = {p.name: p.full_layers for p in points if p.full_layers is not None}
+    predictions = costmodel.predict_records(records, profile, slim, baseline, full)
     text = ["## Cost model: predicted against measured (this CPU)", "",
             costmodel.validation_table(predictions, profile.device), ""]
     modelled = [costmodel.LatencyProfile.synthetic(profile.num_layers, ratio) for ratio in (0.05, 0.1)]
-    table = costmodel.modelled_speedups(records, modelled, slim, baseline)
+    table = costmodel.modelled_speedups(records, modelled, slim, baseline, full)
     names = list(dict.fromkeys(r["method"] for r in records))
     text += ["## MODELLED, not measured: the same call counts on GPU-like cost ratios", "",
              "Speedup vs AR predicted from each point's measured forward counts, on devices described"
@@ -233,7 +234,7 @@ def run(cfg: DictConfig) -> str:
         points += calibrate_gates(cfg, out_dir, pair, [p for p in points if p.name in sweep.gated])
     (out_dir / "points.json").write_text(json.dumps(
         [{"name": p.name, "family": p.family, "kind": p.kind, "param": p.param, "mask": p.mask,
-          "slim_layers": p.slim_layers} for p in points], indent=1))
+          "slim_layers": p.slim_layers, "full_layers": p.full_layers} for p in points], indent=1))
     methods = [Method(p.name, build_decoder(p.framework, p.verifier, pair)) for p in points]
     context = {"model_pair": cfg.model_pair.name, "dtype": cfg.runtime.dtype, "device": cfg.runtime.device,
                "cpu": costmodel.cpu_name()}
@@ -273,9 +274,9 @@ def _points_from_run(sweep: SweepConfig, cfg: DictConfig, routing, out_dir: Path
         points += [gated_point(p, chosen[p.name]["min_confidence"]) for p in points if p.name in chosen]
     saved = out_dir / "points.json"
     if saved.is_file():
-        depth = {p["name"]: p["slim_layers"] for p in json.loads(saved.read_text())}
+        depth = {p["name"]: (p["slim_layers"], p.get("full_layers")) for p in json.loads(saved.read_text())}
         for p in points:
-            p.slim_layers = depth.get(p.name, p.slim_layers)
+            p.slim_layers, p.full_layers = depth.get(p.name, (p.slim_layers, p.full_layers))
     return points
 
 
