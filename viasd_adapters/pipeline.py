@@ -71,10 +71,14 @@ def build_decoder(framework: DictConfig, verifier: DictConfig, pair: ModelPair) 
     """Build `framework` around the loaded pair.
 
     A framework with a `drafter` gets `drafter=` and `verifier=` (built from `verifier`, with
-    `target=` the pair's target); one without (AR) gets the bare `target=` model. Inside the
-    drafter and verifier configs, "pair.draft" / "pair.target" stand for the loaded models.
+    `target=` the pair's target); one without (AR) gets the bare `target=` model, and the verifier
+    too when it drafts for itself and verifies with the configured rule (`takes_verifier`: EAGLE).
+    Inside the drafter and verifier configs, "pair.draft" / "pair.target" stand for the loaded models.
     """
     if framework.drafter is None:
+        if framework.get("takes_verifier", False):
+            built = instantiate(verifier, target=pair.target.model, **_with_models(verifier, pair))
+            return instantiate(framework.decoder, target=pair.target.model, verifier=built)
         return instantiate(framework.decoder, target=pair.target.model)
     return instantiate(
         framework.decoder,

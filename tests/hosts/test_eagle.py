@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from hydra import compose, initialize_config_dir
+from hydra.errors import InstantiationException
 
 from tests.conftest import exact_marginals, tiny
 from tests.verify.statistics import P_MIN, chi_square_p
@@ -340,6 +342,84 @@ def test_transformers_base_features_match_the_model(tiny_pair):
         ours = base.lm_head(base.model(input_ids=PROMPT)[0])
         theirs = model(PROMPT).logits
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- config groups
+@pytest.fixture(scope="module")
+def tiny_random_eagle(tmp_path_factory):
+    """The tiny-random pair loaded once, and overrides giving its target a random head and a tokenizer folder."""
+    from viasd_adapters.pipeline import load_pair
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        pair = load_pair(compose(config_name="generate", overrides=["model_pair=tiny-random"]).model_pair, with_draft=False)
+    root = tmp_path_factory.mktemp("tiny-random-eagle")
+    config = head_config(pair.target.model.config, intermediate_size=32)
+    torch.manual_seed(0)
+    save_head(build_head(config), config, root / "head", full=False, compact=True)
+    pair.target.tokenizer.save_pretrained(root / "tokenizer")
+    return pair, {"head": str(root / "head"), "tokenizer_path": str(root / "tokenizer")}
+
+
+def _eagle_decoder(tiny_random_eagle, *overrides, prefix="framework"):
+    from viasd_adapters.pipeline import build_decoder
+
+    pair, files = tiny_random_eagle
+    config = "bench" if prefix != "framework" else "generate"
+    keys = [f"{prefix}.decoder.{k}={v}" for k, v in files.items()]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name=config, overrides=["model_pair=tiny-random", "runtime.dtype=float32", *overrides, *keys])
+    node = cfg if prefix == "framework" else cfg.method[prefix.split(".")[1]]
+    return cfg, build_decoder(node.framework, node.verifier, pair)
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle-tiered"])
+def test_eagle_bench_methods_take_the_verifier_routing_and_policy_groups(tiny_random_eagle, method):
+    from hydra.utils import instantiate
+
+    pair, _ = tiny_random_eagle
+    cfg, decoder = _eagle_decoder(tiny_random_eagle, f"method=[{method}]",
+                                  prefix=f"method.{method}.framework")
+    assert isinstance(decoder, EagleDecoder)
+    ids = torch.tensor([[10, 20, 30, 40]])
+    out = decoder.generate(ids, 30)
+    if method == "eagle":  # verifier=full: stock EAGLE, lossless (fp32: AR's tokens)
+        assert decoder.model.policy is None
+        assert out.tokens == AutoregressiveDecoder(pair.target.model).generate(ids, 30).tokens
+    else:  # verifier=tiered: the pair's policy and routing mask drive the tree's tiers
+        assert decoder.model.policy == instantiate(cfg.policy)
+        assert decoder.model.routing.skip_layers == instantiate(cfg.routing).skip_layers != ()
+        assert out.stats.model_calls["slim"].calls > 0 and len(out.tokens) == 30
+
+
+def test_framework_eagle_with_verifier_tiered_is_tiered_eagle(tiny_random_eagle):
+    """`framework=eagle verifier=tiered` used to build stock EAGLE silently."""
+    from hydra.utils import instantiate
+
+    cfg, tiered = _eagle_decoder(tiny_random_eagle, "framework=eagle", "verifier=tiered",
+                                 "verifier.max_unverified=5", "verifier.rejudge=false", "policy.tau_slim=0.5")
+    assert tiered.model.policy == instantiate(cfg.policy) and tiered.model.policy.tau_slim == 0.5
+    assert tiered.model.max_unverified == 5 and tiered.model.rejudge is False
+    _, full = _eagle_decoder(tiny_random_eagle, "framework=eagle", "verifier=full")
+    assert full.model.policy is None
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["verifier=faster-cascade"], "verifier=full .* or verifier=tiered"),
+    (["verifier=tiered-intermediate"], "target's own layers"),
+    (["verifier=tiered", "verifier.share_prefix=true", "routing=tiny-random-1l"], "share_prefix=false"),
+])
+def test_framework_eagle_refuses_verifiers_it_cannot_run(tiny_random_eagle, overrides, match):
+    from viasd_adapters.pipeline import build_decoder
+
+    pair, files = tiny_random_eagle
+    keys = [f"framework.decoder.{k}={v}" for k, v in files.items()]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="generate", overrides=["model_pair=tiny-random", "framework=eagle", *overrides, *keys])
+    if "pair.draft" in cfg.verifier.values():
+        from viasd_adapters.pipeline import load_pair
+        pair = load_pair(cfg.model_pair)  # the intermediate model is the pair's draft
+    with pytest.raises(InstantiationException, match=match):  # Hydra's wrapper around the ValueError
+        build_decoder(cfg.framework, cfg.verifier, pair)
 
 
 # ----------------------------------------------------------------------------- head training

@@ -492,12 +492,12 @@ def tree_tiers(verifier: Verifier, target: PreTrainedModel | None = None):
     EAGLE) and VIA-SD's tiers with a slim view of the target; anything else is refused.
     """
     if isinstance(verifier, TieredVerifier):
+        if verifier.shared is not None:
+            raise ValueError("framework=eagle does not reuse shared layers: set verifier.share_prefix=false")
         if target is not None and verifier.target.model is not target:
             raise ValueError("the tiered verifier was built for another target than EAGLE's")
         if verifier.policy is None:  # tiers off: stock EAGLE
             return None, None, verifier.max_unverified, verifier.rejudge
-        if verifier.shared is not None:
-            raise ValueError("framework=eagle does not reuse shared layers: set verifier.share_prefix=false")
         slim = verifier.slim.model
         if not isinstance(slim, SlimModel) or slim.lm_head is not verifier.target.model.get_output_embeddings():
             raise ValueError(
