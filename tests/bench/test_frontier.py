@@ -50,7 +50,7 @@ def test_shipped_config_composes_and_every_point_builds_its_config():
 
 
 def test_points_carry_their_mask_thresholds_and_alpha():
-    cfg = compose_frontier("model_pair=tiny-random", "sweep.masks=[tiny-random-1l]", "sweep.random_masks=null",
+    cfg = compose_frontier("model_pair=tiny-random", "sweep.masks=[tiny-random-1l]", "sweep.random_masks=null", "sweep.gated=[]",
                            "sweep.thresholds=[[0.5,0.3],[0.9,0.8]]", "sweep.alphas=[0.0,2.0]",
                            "sweep.random_thresholds=[0.7,0.6]")
     sweep = instantiate(cfg.sweep, _convert_="all")
@@ -155,7 +155,7 @@ def test_frontier_runs_in_chunks_resumes_and_reports_on_the_tiny_pair(tmp_path):
     out = tmp_path / "out"
     overrides = [
         "model_pair=tiny-random", "runtime.dtype=float32", "runtime.draft_dtype=float32",
-        "sweep.masks=[tiny-random-1l]", "sweep.random_masks=null", "sweep.thresholds=[[0.5,0.3]]", "sweep.alphas=[0.5]", "sweep.cascade=null",
+        "sweep.masks=[tiny-random-1l]", "sweep.random_masks=null", "sweep.gated=[]", "sweep.thresholds=[[0.5,0.3]]", "sweep.alphas=[0.5]", "sweep.cascade=null",
         f"tasks.math.prompts_file={prompts}", f"tasks.text.prompts_file={prompts}", "tasks.text.categories=[translation,qa]",
         "tasks.math.max_new_tokens=6", "tasks.text.max_new_tokens=6", "~tasks.code", "progress=false",
         "profile.context=16", "profile.tokens=[1,4]", "profile.prefill=[24,32]", "profile.repetitions=2",
@@ -210,3 +210,34 @@ def test_gated_twins_carry_a_calibrated_gate():
     if "gate" in inspect.signature(TieredVerifier.__init__).parameters:
         with pytest.raises(ValueError, match="not VIA-SD points"):
             build_points(SweepConfig(alphas=[0.5], gated=["faster-cascade@0.5"]), cfg.method, {})
+
+
+def test_gated_point_is_calibrated_on_calibration_prompts_and_run(tmp_path):
+    from viasd_adapters.cli.frontier import run
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
+    calibration = tmp_path / "calibration.jsonl"  # the gate's prompts come from the end of each category
+    calibration.write_text("".join(json.dumps({"question_id": 100 + 10 * k + i, "category": c, "turns": [f"{c} {i}: go on."]}) + "\n"
+                                   for k, c in enumerate(("translation", "qa")) for i in range(4)))
+    out = tmp_path / "out"
+    overrides = [
+        "model_pair=tiny-random", "runtime.dtype=float32", "runtime.draft_dtype=float32",
+        "sweep.masks=[tiny-random-1l]", "sweep.random_masks=null", "sweep.random_thresholds=null",
+        "sweep.thresholds=[[0.5,0.3]]", "sweep.alphas=[]", "sweep.cascade=null", "sweep.intermediate=null",
+        "sweep.gated=['via-sd[1l]@0.5/0.3']", f"tasks.text.prompts_file={prompts}", "tasks.text.categories=[qa]",
+        "tasks.text.max_new_tokens=6", "~tasks.code", "~tasks.math", "progress=false", "profile.context=16",
+        "profile.tokens=[1,4]", "profile.prefill=[24,32]", "profile.repetitions=2", "warmup_tokens=2",
+        f"gate.prompts.sources=[{{kind: spec_bench, path: '{calibration}', categories: [translation, qa], num_prompts: 2}}]",
+        "gate.prompts.per_category=1", "gate.max_new_tokens=8", f"out_dir={out}",
+    ]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="frontier", overrides=overrides)
+    markdown = run(cfg)
+    gates = json.loads((out / "gates.json").read_text())
+    choice = gates["via-sd[1l]@0.5/0.3"]
+    assert choice["blocks"] > 0 and 0.0 <= choice["min_confidence"] <= 1.0
+    assert 0 < choice["slim_ratio"] and 0 < choice["escalate_ratio"]
+    names = [p["name"] for p in json.loads((out / "points.json").read_text())]
+    assert names == ["ar", "sd", "via-sd[1l]@0.5/0.3", "via-sd[1l]@0.5/0.3+gate"]
+    assert "via-sd[1l]@0.5/0.3+gate" in markdown

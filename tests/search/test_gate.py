@@ -72,3 +72,34 @@ def test_observations_follow_the_tiers(pair):
     choice = calibrate_gate(pair, FRAMEWORK, _verifier(1.0), prompts, 12, slim_ratio=0.75, escalate_ratio=1.0)
     assert choice.gated_share == 1.0  # nothing ever settles: the gate sends every block to the full model
     assert choice.cost_gated == pytest.approx(1.0) and choice.cost_ungated == pytest.approx(1.75)
+
+
+def _generate(pair, verifier_node, prompt, n=16):
+    from viasd_adapters.pipeline import build_decoder
+    from viasd_adapters.sampling import SamplingConfig
+
+    decoder = build_decoder(FRAMEWORK, verifier_node, pair)
+    return decoder.generate(prompt, n, SamplingConfig(), ())
+
+
+def test_a_closed_gate_skips_every_slim_pass_and_is_lossless_sd(pair):
+    prompt = torch.tensor([[1, 2, 3, 4, 5]])
+    closed = OmegaConf.merge(_verifier(0.0), {"gate": {"_target_": "viasd_adapters.verify.gate.DraftConfidenceGate",
+                                                       "min_confidence": 1.0}})
+    gated = _generate(pair, closed, prompt)
+    lossless = _generate(pair, OmegaConf.create({"_target_": "viasd_adapters.verify.LosslessVerifier"}), prompt)
+    assert gated.stats.model_calls["slim"].calls == 0
+    assert gated.tokens == lossless.tokens  # every block went to the full model
+    opened = OmegaConf.merge(closed, {"gate": {"min_confidence": 0.0}})
+    assert _generate(pair, opened, prompt).stats.model_calls["slim"].calls > 0
+
+
+def test_eagle_refuses_a_gate_instead_of_ignoring_it(pair):
+    from hydra.utils import instantiate
+
+    from viasd_adapters.hosts.eagle.adapter import tree_tiers
+
+    node = OmegaConf.merge(_verifier(0.5), {"gate": {"_target_": "viasd_adapters.verify.gate.DraftConfidenceGate"}})
+    verifier = instantiate(node, target=pair.target.model)
+    with pytest.raises(ValueError, match="gate"):
+        tree_tiers(verifier, pair.target.model)

@@ -14,6 +14,7 @@ from ..runner import CallStats, CausalLMRunner, common_prefix_length
 from ..sampling import Sampler
 from .acceptance import lossless_accept
 from .base import Verdict, Verifier
+from .gate import BlockGate
 from .decision import SlimScores, decide
 from .policy import Tier, TierPolicy
 
@@ -47,6 +48,7 @@ class TieredVerifier(Verifier):
         max_unverified: int = 16,
         rejudge: bool = True,
         share_prefix: bool = False,
+        gate: BlockGate | None = None,
     ):
         """
         Args:
@@ -63,6 +65,8 @@ class TieredVerifier(Verifier):
             share_prefix: escalations reuse the slim forward's layers [0, p) (p: the first layer
                 the mask touches) instead of running the target from layer 0. Needs `slim` to
                 be a `SlimModel` view of `target`; no effect without a policy or when p = 0.
+            gate: decides from the draft alone whether a block gets a slim pass at all; blocks it
+                refuses go straight to the full model (the lossless path). None: every block.
         """
         if policy is not None and slim is None:
             raise ValueError("a tier policy needs a slim verifier: set `slim`")
@@ -88,6 +92,7 @@ class TieredVerifier(Verifier):
         self.policy = policy
         self.max_unverified = max_unverified
         self.rejudge = rejudge
+        self.gate = gate
 
     @property
     def vocab_size(self) -> int:
@@ -120,6 +125,8 @@ class TieredVerifier(Verifier):
         sequence = torch.cat([input_ids, draft.tokens[None]], dim=1)  # [1, T + K]
         room = self.max_unverified - self.unverified_length(input_ids)
         if self.policy is None or K == 0 or room <= 0:  # nothing the slim tier could settle
+            return self._escalate(sequence, draft, p, sampler, start=0)
+        if self.gate is not None and not self.gate.use_slim(draft.tokens, p):  # it would escalate anyway
             return self._escalate(sequence, draft, p, sampler, start=0)
 
         # 1. slim verify: one forward over the block; 2. tiers 1-2 (`decide`)

@@ -496,6 +496,8 @@ def tree_tiers(verifier: Verifier, target: PreTrainedModel | None = None):
             raise ValueError("framework=eagle does not reuse shared layers: set verifier.share_prefix=false")
         if target is not None and verifier.target.model is not target:
             raise ValueError("the tiered verifier was built for another target than EAGLE's")
+        if getattr(verifier, "gate", None) is not None:
+            raise ValueError("framework=eagle does not use a block gate (its tree is judged whole): set verifier.gate=null")
         if verifier.policy is None:  # tiers off: stock EAGLE
             return None, None, verifier.max_unverified, verifier.rejudge
         slim = verifier.slim.model
