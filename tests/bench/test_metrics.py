@@ -3,12 +3,14 @@
 import pytest
 
 from viasd_adapters.bench.metrics import (
+    answer_match,
     bleu,
     check_execution_enabled,
     extract_answer,
     extract_code,
     humaneval_completion,
     math_accuracy,
+    normalize_answer,
     pass_at_1,
     rouge_l,
     token_agreement,
@@ -100,3 +102,26 @@ def test_humaneval_pass_at_1_known_correct_and_known_wrong(humaneval_0):
     score = pass_at_1(humaneval_0, wrong)
     assert score.value == 0.0 and score.detail.startswith("failed")
     assert pass_at_1(humaneval_0, "```python\ndef has_close_elements(\n").value == 0.0  # syntax error
+
+
+@pytest.mark.parametrize(
+    "answers, text, value",
+    [
+        (["Port Allen"], "It reaches the sea at port allen.", 1.0),  # case and punctuation
+        (["the Pacific"], "Pacific Ocean", 1.0),  # articles dropped on both sides
+        (["2 hours and 40 minutes", "160 minutes"], "About 160 minutes.", 1.0),  # any acceptable answer
+        (["8"], "Spiders have 18 legs? No.", 0.0),  # whole words only
+        (["Canberra"], "Sydney is the largest city.", 0.0),
+    ],
+)
+def test_answer_match(answers, text, value):
+    score = answer_match(prompt(answers), text)
+    assert score.value == value, score.detail
+
+
+def test_answer_match_and_bleu_take_a_single_reference_too():
+    assert answer_match(prompt("Canberra"), "It is Canberra.").value == 1.0
+    assert answer_match(prompt(None), "x").value is None
+    assert bleu(prompt(["unrelated words here", "the cat sat on the mat"]), "the cat sat on the mat").value == pytest.approx(100.0)
+    assert rouge_l(prompt(["nothing in common", "a b c d"]), "a b c d").value == pytest.approx(1.0)
+    assert normalize_answer("The  Cat, sat!") == "cat sat"

@@ -50,26 +50,32 @@ def test_calibration_splits_are_disjoint_and_from_the_end(prompts_file):
         select_prompts(source, "heldout", 3)
 
 
-def test_search_writes_installs_and_resumes(tmp_path, prompts_file):
+def test_search_writes_into_the_user_config_dir_and_resumes(tmp_path, prompts_file, monkeypatch):
+    monkeypatch.setenv("VIASD_CONFIG_DIR", str(tmp_path / "user"))
     overrides = tiny_overrides(tmp_path, prompts_file) + [
         "search=layers", "search.budget.amount=2", "search.config.num_random=3", "search.config.num_tpe=4",
-        "search.baselines.greedy=2", f"out_dir={tmp_path}/out", "install=tiny-2l",
-        f"routing_dir={tmp_path}/routing", f"docs_dir={tmp_path}/docs",
+        "search.baselines.greedy=2", f"out_dir={tmp_path}/out", "mask_name=tiny-2l", f"docs_dir={tmp_path}/docs",
     ]
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose("search", overrides=overrides)
+    shipped = sorted(p.relative_to(CONF) for p in Path(CONF).rglob("*.yaml"))
     out = search_cli.run(cfg)
     assert len(out.mask.skip_layers) == 2 and out.mask.num_layers == 4
     assert len(out.result.trials) == 2 + 3 + 4  # the sensitivity and greedy seeds, random, TPE
-    # Greedy removal is a baseline: the found mask is at least as good on the calibration text.
-    assert out.result.best.metrics.kl <= out.baselines.greedy[-1].metrics.kl + 1e-9
-    installed = instantiate(OmegaConf.load(tmp_path / "routing" / "tiny-2l.yaml"))
-    assert installed == out.mask
+    assert out.installed == tmp_path / "user" / "routing" / "tiny-2l.yaml" and out.override == "routing=tiny-2l"
+    assert sorted(p.relative_to(CONF) for p in Path(CONF).rglob("*.yaml")) == shipped  # the package is untouched
+    installed = instantiate(OmegaConf.load(out.installed))
+    assert installed == out.mask == instantiate(OmegaConf.load(out.mask_path))
     for key in ("model", "kl", "top1", "budget", "trials", "search_seconds", "date", "greedy", "random_median"):
         assert key in installed.provenance, key
-    report = (tmp_path / "docs" / "tiny-2l" / "report.md").read_text()
+    report = (tmp_path / "docs" / "report.md").read_text()
     assert "Per-layer sensitivity" in report and "greedy removal" in report and "random masks" in report
-    assert (tmp_path / "docs" / "tiny-2l" / "best_cost.png").stat().st_size > 1000
+    assert (tmp_path / "docs" / "best_cost.png").stat().st_size > 1000
+
+    # The printed override selects the written mask in any command (the user dir is on the search path).
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        chosen = compose("generate", overrides=["model_pair=tiny-random", out.override])
+    assert instantiate(chosen.routing) == out.mask
 
     # Run again: trials resume from trials.pkl, evaluations come from the store.
     again = search_cli.run(cfg)
@@ -77,10 +83,48 @@ def test_search_writes_installs_and_resumes(tmp_path, prompts_file):
     assert again.mask == out.mask
 
 
+def test_search_refuses_bad_mask_names_before_loading(tmp_path, prompts_file, monkeypatch):
+    monkeypatch.setenv("VIASD_CONFIG_DIR", str(tmp_path / "user"))
+    for name, message in [("tiny-random-1l", "shipped with the package"), ("../x", "use letters")]:
+        with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+            cfg = compose("search", overrides=tiny_overrides(tmp_path, prompts_file) + [f"mask_name={name}"])
+        with pytest.raises(ValueError, match=message):
+            search_cli.run(cfg)
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose("search", overrides=["model_pair=tiny-random", f"cache_dir={tmp_path}/cache",
+                                           f"calibration.sources.0.path={tmp_path}/missing.jsonl"])
+    with pytest.raises(ValueError, match=r"does not exist.*set calibration\.sources\.0\.path=PATH"):
+        search_cli.run(cfg)
+    assert not (tmp_path / "cache").exists()  # it stopped before any model or text was built
+
+
+def test_a_mask_file_is_accepted_directly(tmp_path):
+    from viasd_adapters.cli import apply_routing_file
+
+    path = RoutingMask(skip_layers=(1, 2), num_layers=4, model="tiny-random").to_yaml(tmp_path / "m.yaml")
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose("generate", overrides=["model_pair=tiny-random", "verifier=tiered", f"routing_file={path}"])
+    assert instantiate(cfg.routing).skip_layers == (2,)  # the pair's own mask, tiny-random-1l, until applied
+    apply_routing_file(cfg)
+    assert instantiate(cfg.routing).skip_layers == (1, 2)
+    assert instantiate(cfg.verifier.slim.mask).skip_layers == (1, 2)  # what the tiered verifier's slim model gets
+    for bad, message in [(tmp_path / "nope.yaml", "no such file"), (prompts_file_like(tmp_path), "not a routing mask")]:
+        with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+            cfg = compose("generate", overrides=["model_pair=tiny-random", f"routing_file={bad}"])
+        with pytest.raises(ValueError, match=message):
+            apply_routing_file(cfg)
+
+
+def prompts_file_like(tmp_path) -> Path:
+    path = tmp_path / "not-a-mask.yaml"
+    path.write_text("skip_layers: [1]\nunknown_field: 3\n")
+    return path
+
+
 def test_eval_mask(tmp_path, prompts_file):
     overrides = tiny_overrides(tmp_path, prompts_file) + [
         "routing=none", "routing.skip_layers=[2]", "num_random=2", "timing.repetitions=2", "timing.warmup=0",
-        "timing.context_tokens=20", f"out_dir={tmp_path}/eval", "install=tiny-x", f"docs_dir={tmp_path}/docs",
+        "timing.context_tokens=20", f"out_dir={tmp_path}/eval", f"docs_dir={tmp_path}/docs",
         f"greedy_calibration.sources=[{{kind: spec_bench, path: '{prompts_file}', num_prompts: 2}}]",
         "greedy_calibration.max_new_tokens=12",
     ]
@@ -93,7 +137,7 @@ def test_eval_mask(tmp_path, prompts_file):
     assert [t.new_tokens for t in out.timing] == [1, 8]
     summary = json.loads(out.path.read_text())
     assert summary["heldout"]["split"] == "heldout" and summary["found"]["num_positions"] > 0
-    assert "greedy removal" in (tmp_path / "docs" / "tiny-x" / "heldout.md").read_text()
+    assert "greedy removal" in (tmp_path / "docs" / "heldout.md").read_text()
     with pytest.raises(ValueError, match="skips nothing"):
         with initialize_config_dir(config_dir=CONF, version_base="1.3"):
             eval_cli.run(compose("eval_mask", overrides=tiny_overrides(tmp_path, prompts_file) + ["routing=none"]))

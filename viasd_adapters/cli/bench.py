@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
@@ -24,7 +23,7 @@ from ..bench.harness import BenchSettings, Harness, Method
 from ..bench.report import ablation, build_report
 from ..hardware import cpu_info, device_label
 from ..pipeline import build_decoder, load_pair, uses_draft_model
-from . import CONFIG_DIR, set_threads
+from . import apply_routing_file, entry_point, set_threads
 
 logger = logging.getLogger(__name__)
 
@@ -50,21 +49,20 @@ def _versions() -> dict[str, str]:
 
 
 def run(cfg: DictConfig) -> BenchOutcome:
-    """Load the pair once, build every method's decoder around it, run, report."""
+    """Load the pair once, build every method's decoder around it, run, report.
+
+    Everything that can be checked without a model (methods, settings, the task's prompts) is
+    checked before `out_dir` is touched, so a bad prompt file leaves nothing behind.
+    """
     started = datetime.datetime.now()
     run_id = started.strftime("%Y-%m-%d_%H-%M-%S")
-    out_dir = Path(cfg.out_dir or f"outputs/bench/{run_id}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if (out_dir / RECORDS).exists():
-        raise ValueError(f"{out_dir / RECORDS} exists already: pick a fresh out_dir")
-    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-
     if not cfg.method:
         raise ValueError("no method to run: pass method=[ar,sd,...] (files in conf/method/)")
     if cfg.get("ablation"):
         named = [cfg.ablation.reference, *cfg.ablation.levers, *([cfg.ablation.combined] if cfg.ablation.get("combined") else [])]
         if missing := [m for m in named if m not in cfg.method]:
             raise ValueError(f"ablation names methods {missing} that are not in method=[...]: add them")
+    apply_routing_file(cfg)
     settings = BenchSettings(
         repetitions=cfg.repetitions,
         warmup=cfg.warmup,
@@ -75,9 +73,17 @@ def run(cfg: DictConfig) -> BenchOutcome:
         roles=OmegaConf.to_container(cfg.roles),
         progress=cfg.progress,
     )
-    set_threads(cfg.threads)
     task = instantiate(cfg.task, _convert_="all")
+    num_prompts = len(task.prompts())  # reads and validates the prompt file; the harness reads it again
     sampling = instantiate(cfg.sampling)
+
+    out_dir = Path(cfg.out_dir or f"outputs/bench/{run_id}")
+    if (out_dir / RECORDS).exists():
+        raise ValueError(f"{out_dir / RECORDS} exists already: pick a fresh out_dir")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    set_threads(cfg.threads)
+    logger.info("task %s: %d prompts from %s", task.name, num_prompts, getattr(task, "prompts_file", task.name))
 
     begin = time.perf_counter()
     needs_draft = any(uses_draft_model(m.framework.drafter, m.verifier) for m in cfg.method.values())
@@ -128,6 +134,7 @@ def run(cfg: DictConfig) -> BenchOutcome:
         "model_pair": cfg.model_pair.name,
         "methods": list(cfg.method),
         "task": task.name,
+        "prompts_file": getattr(task, "prompts_file", None),
         "load_seconds": load_seconds,
         "bench_seconds": bench_seconds,
         "records": len(records),
@@ -146,7 +153,7 @@ def run(cfg: DictConfig) -> BenchOutcome:
     return BenchOutcome(out_dir, records, table)
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="bench", version_base="1.3")
+@entry_point("bench")
 def main(cfg: DictConfig) -> None:
     if cfg.out_dir is None:
         with open_dict(cfg):

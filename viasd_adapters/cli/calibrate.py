@@ -1,23 +1,53 @@
-"""`viasd-calibrate`: choose tier thresholds for a quality target and write them into the
-model pair's config."""
+"""`viasd-calibrate`: choose tier thresholds for a quality target and write them as a policy.
+
+    viasd-calibrate model_pair=qwen2.5-coder-0.5b-1.5b output_name=my-qwen
+
+The policy goes to the run directory and, as `policy/<output_name>.yaml`, to the user config
+directory every command searches (`viasd_adapters.conf.user_config_dir`), so `policy=<name>`
+selects it; the command prints that override. It never writes into the installed package.
+"""
 
 from __future__ import annotations
 
 import logging
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig
 
 from ..pipeline import encode_prompt, load_pair, uses_draft_model
 from ..search.calibration import PromptSource, select_prompts
-from ..search.thresholds import ThresholdResult, choose, evaluate_thresholds, select_policy_in_pair_config, write_policy
-from . import CONFIG_DIR, set_threads
+from ..search.thresholds import ThresholdResult, choose, evaluate_thresholds, write_policy
+from . import CONFIG_DIR, apply_routing_file, check_prompt_sources, entry_point, set_threads
 
 logger = logging.getLogger(__name__)
 
 
-def run(cfg: DictConfig) -> tuple[ThresholdResult, list[ThresholdResult], Path]:
+@dataclass
+class CalibrationOutcome:
+    best: ThresholdResult  # the chosen setting
+    results: list[ThresholdResult]  # every setting of the grid, in order
+    path: Path  # the policy in the run directory
+    installed: Path  # <policy_dir>/<name>.yaml, by default in the user config directory
+    override: str  # what selects it on a command line: policy=<name>
+
+
+def policy_name(cfg: DictConfig) -> str:
+    """The policy option the result is written as: `output_name`, else <model_pair>-calibrated."""
+    name = str(cfg.output_name or f"{cfg.model_pair.name}-calibrated")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise ValueError(f"output_name={name!r}: use letters, digits, '.', '_' and '-' (it becomes policy=<name>)")
+    if not cfg.policy_dir and (Path(CONFIG_DIR) / "policy" / f"{name}.yaml").exists():
+        raise ValueError(f"output_name={name!r} is a policy shipped with the package, which policy={name} would"
+                         " still select: pick another output_name")
+    return name
+
+
+def run(cfg: DictConfig) -> CalibrationOutcome:
+    name = policy_name(cfg)  # every plain setting is checked before the models load
+    check_prompt_sources(cfg.prompts, "prompts")
+    apply_routing_file(cfg)
     set_threads(cfg.runtime.get("threads"))
     pair = load_pair(cfg.model_pair, uses_draft_model(cfg.framework.drafter, cfg.verifier))
     prompts = [
@@ -32,8 +62,6 @@ def run(cfg: DictConfig) -> tuple[ThresholdResult, list[ThresholdResult], Path]:
     best, met = choose(results, cfg.target_agreement)
     if not met:
         logger.warning("no setting reached agreement %.3f; writing the most faithful one", cfg.target_agreement)
-    conf = Path(CONFIG_DIR)
-    name = cfg.output_name or cfg.model_pair.name
     facts = {
         "model_pair": cfg.model_pair.name,
         "routing": cfg.routing.get("provenance", {}).get("method", "?") + f" skip {list(cfg.routing.skip_layers)}",
@@ -43,26 +71,25 @@ def run(cfg: DictConfig) -> tuple[ThresholdResult, list[ThresholdResult], Path]:
         "max_new_tokens": cfg.max_new_tokens,
         "grid": [list(g) for g in grid],
     }
-    policy_dir = Path(cfg.policy_dir) if cfg.policy_dir else conf / "policy"
-    path = write_policy(policy_dir / f"{name}.yaml", best, met, cfg.target_agreement, facts)
-    if cfg.select_in_pair_config:
-        pair_config = conf / "model_pair" / f"{cfg.model_pair.name}.yaml"
-        if not select_policy_in_pair_config(pair_config, name):
-            logger.warning("%s has no /policy default: select it with policy=%s", pair_config, name)
-    return best, results, path
+    path = write_policy(Path(cfg.out_dir) / "policy.yaml", best, met, cfg.target_agreement, facts)
+    policy_dir = Path(cfg.policy_dir or Path(cfg.user_config_dir) / "policy").expanduser()
+    installed = write_policy(policy_dir / f"{name}.yaml", best, met, cfg.target_agreement, facts)
+    return CalibrationOutcome(best, results, path, installed, f"policy={name}")
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="calibrate", version_base="1.3")
+@entry_point("calibrate")
 def main(cfg: DictConfig) -> None:
-    best, results, path = run(cfg)
+    out = run(cfg)
     print("tau_accept tau_slim agreement exact full/token slim/token tok/s")
-    for r in results:
-        mark = " <- chosen" if r is best else ""
+    for r in out.results:
+        mark = " <- chosen" if r is out.best else ""
         print(
             f"{r.tau_accept:10.2f} {r.tau_slim:8.2f} {r.agreement:9.3f} {r.exact_rate:5.2f}"
             f" {r.full_calls_per_token:10.3f} {r.slim_calls_per_token:10.3f} {r.tokens_per_second:5.2f}{mark}"
         )
-    print(f"wrote {path}")
+    print(f"wrote {out.path}\ninstalled: {out.installed}")
+    print(f"use it: {out.override}  (e.g. viasd-generate model_pair={cfg.model_pair.name}"
+          f" verifier=tiered {out.override})")
 
 
 if __name__ == "__main__":

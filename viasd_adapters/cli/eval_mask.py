@@ -1,6 +1,7 @@
 """`viasd-eval-mask`: how good is a routing mask on held-out text, and what does it save?
 
     viasd-eval-mask model_pair=qwen2.5-coder-0.5b-1.5b routing=qwen2.5-coder-1.5b-4l
+    viasd-eval-mask model_pair=qwen2.5-coder-0.5b-1.5b routing_file=outputs/search/.../mask.yaml
 
 Reports KL(q || u) and top-1 agreement of the mask on held-out text (prompts the search never
 saw) against the median of `num_random` random masks of the same budget and against greedy
@@ -17,13 +18,12 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import hydra
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ..models import load_model
-from . import CONFIG_DIR, set_threads
+from . import apply_routing_file, check_prompt_sources, entry_point, set_threads
 from ..routing import RoutingMask, format_layers
 from ..search import (
     Budget,
@@ -56,6 +56,10 @@ class EvalOutput:
 
 
 def run(cfg: DictConfig) -> EvalOutput:
+    apply_routing_file(cfg)
+    check_prompt_sources(cfg.calibration, "calibration")
+    if cfg.greedy:
+        check_prompt_sources(cfg.greedy_calibration, "greedy_calibration")
     set_threads(cfg.runtime.get("threads"))
     loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))
     mask: RoutingMask = instantiate(cfg.routing, _convert_="all")
@@ -142,14 +146,14 @@ def _write(cfg: DictConfig, out: EvalOutput, heldout) -> Path:
             what = "decode step (1 token)" if t.new_tokens == 1 else f"verify ({t.new_tokens} tokens)"
             lines.append(f"| {what} | {t.context} | {t.full_ms:.1f} | {t.slim_ms:.1f} | {t.ratio:.3f} |")
     (out_dir / f"eval-{slug}.md").write_text("\n".join(lines) + "\n")
-    if cfg.get("install"):  # next to the mask's search report
-        docs = (Path(cfg.docs_dir) if cfg.get("docs_dir") else Path(CONFIG_DIR).parent / "docs" / "routing") / cfg.install
+    if cfg.get("docs_dir"):  # e.g. next to the mask's search report
+        docs = Path(cfg.docs_dir).expanduser()
         docs.mkdir(parents=True, exist_ok=True)
         (docs / "heldout.md").write_text("\n".join(lines) + "\n")
     return path
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="eval_mask", version_base="1.3")
+@entry_point("eval_mask")
 def main(cfg: DictConfig) -> None:
     out = run(cfg)
     print(out.path.with_suffix(".md").read_text())

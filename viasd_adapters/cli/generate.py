@@ -12,7 +12,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
@@ -20,7 +19,7 @@ from ..api import describe
 from ..decode import GenerationResult
 from ..pipeline import Pipeline, streams
 from ..progress import TokenProgress
-from . import CONFIG_DIR, set_threads
+from . import apply_routing_file, entry_point, set_threads
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +62,7 @@ def read_prompt(cfg: DictConfig) -> str:
 def run(cfg: DictConfig) -> GenerateOutcome:
     set_threads(cfg.get("threads"))
     prompt = read_prompt(cfg)  # before loading: a missing file fails fast
+    apply_routing_file(cfg)
     sampling = instantiate(cfg.sampling)
     pipeline = Pipeline.from_config(cfg)
     method = describe(pipeline.decoder)
@@ -75,7 +75,7 @@ def run(cfg: DictConfig) -> GenerateOutcome:
     return GenerateOutcome(pipeline.decode(result.tokens), result, method, prompt, ids.shape[1])
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="generate", version_base="1.3")
+@entry_point("generate")
 def main(cfg: DictConfig) -> None:
     outcome = run(cfg)
     print(outcome.text)

@@ -1,7 +1,12 @@
 """`viasd-search`: find a routing mask for a model pair's target (DIMR) and write it with a report.
 
     viasd-search model_pair=qwen2.5-coder-0.5b-1.5b search=layers search.budget.amount=4 \
-        install=qwen2.5-coder-1.5b-4l
+        mask_name=my-qwen-4l
+
+The mask goes to the run directory (`out_dir/mask.yaml`, beside the report) and, as
+`routing/<mask_name>.yaml`, to the user config directory every command searches
+(`viasd_adapters.conf.user_config_dir`), so `routing=<mask_name>` selects it; the command
+prints that override. It never writes into the installed package.
 """
 
 from __future__ import annotations
@@ -9,19 +14,19 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import logging
+import re
 import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import hydra
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ..models import load_model
-from . import CONFIG_DIR, set_threads
+from . import CONFIG_DIR, check_prompt_sources, entry_point, set_threads
 from ..routing import RoutingMask
 from ..bench.costmodel import LatencyProfile
 from ..search import (
@@ -50,11 +55,14 @@ class SearchOutput:
     baselines: Baselines
     mask_path: Path  # mask.yaml in the output folder
     report_path: Path
-    installed: Path | None  # conf/routing/<install>.yaml when `install` was set
+    installed: Path  # <routing_dir>/<mask_name>.yaml, by default in the user config directory
+    override: str  # what selects it on a command line: routing=<mask_name>
 
 
 def run(cfg: DictConfig) -> SearchOutput:
     begin = time.perf_counter()
+    name = mask_name(cfg)  # a bad name fails before the model loads
+    check_prompt_sources(cfg.calibration, "calibration")
     set_threads(cfg.runtime.get("threads"))
     search_cfg = SearchConfig(**OmegaConf.to_container(cfg.search.config, resolve=True))
     expected_cfg = cfg.search.get("expected")
@@ -69,7 +77,7 @@ def run(cfg: DictConfig) -> SearchOutput:
         expected = ExpectedCost(profile, attention_share(loaded.model), **fields)
     session = open_session(loaded, CalibrationConfig(**OmegaConf.to_container(cfg.calibration, resolve=True)),
                            cfg.cache_dir, cfg.progress, expected)
-    L, name = session.num_layers, session.model_name
+    L, model = session.num_layers, session.model_name
     budget = Budget(**OmegaConf.to_container(cfg.search.budget, resolve=True))
     share = attention_share(loaded.model)
     objective = session.objective
@@ -86,11 +94,11 @@ def run(cfg: DictConfig) -> SearchOutput:
         if baselines.sensitivity is None:
             raise ValueError("search.candidates needs search.baselines.sensitivity=true")
         candidates = baselines.sensitivity.least_sensitive(budget.unit, int(cfg.search.candidates), search_cfg.cost)
-    space = MaskSpace(L, budget, share, name, candidates)
+    space = MaskSpace(L, budget, share, model, candidates)
     greedy_steps = int(cfg.search.baselines.greedy or 0)
     if greedy_steps:
         pool = None if candidates is None else sorted({i for _, i in candidates})
-        baselines.greedy = greedy_removal(objective, L, greedy_steps, search_cfg.cost, name, cfg.progress, pool)
+        baselines.greedy = greedy_removal(objective, L, greedy_steps, search_cfg.cost, model, cfg.progress, pool)
     seeds = _seed_masks(list(cfg.search.seeds), space, baselines, search_cfg.cost)
     baseline_seconds = time.perf_counter() - begin
 
@@ -100,7 +108,7 @@ def run(cfg: DictConfig) -> SearchOutput:
     evaluation_seconds = sum(t.metrics.seconds for t in _unique(result.trials))
     provenance = {
         "method": "DIMR: random search, then hyperopt TPE",
-        "model": name,
+        "model": model,
         "dtype": loaded.spec.dtype,
         "budget": {"unit": budget.unit, "amount": budget.amount},
         "budget_text": budget.describe(),
@@ -145,24 +153,33 @@ def run(cfg: DictConfig) -> SearchOutput:
         s = random_summary([t.metrics for t in random])
         provenance["random_median"] = {"count": s["count"], "kl": round(s["kl"]["median"], 5),
                                        "top1": round(s["top1"]["median"], 4)}
-    mask = RoutingMask(*best.mask.skips, num_layers=L, model=name,
+    mask = RoutingMask(*best.mask.skips, num_layers=L, model=model,
                        provenance={k: v for k, v in provenance.items() if not k.endswith("_text") and v is not None})
-    header = (f"Routing mask for {name}: {mask.describe()} ({budget.describe()} of {L} layers), found by "
+    header = (f"Routing mask for {model}: {mask.describe()} ({budget.describe()} of {L} layers), found by "
               f"viasd-search.\nOn its calibration text: KL(q||u) {best.metrics.kl:.4f}, top-1 agreement "
               f"{best.metrics.top1:.3f}.")
     mask_path = mask.to_yaml(out_dir / "mask.yaml", header)
     report_path = write_report(out_dir, mask, result, baselines, provenance)
-    installed = None
-    if cfg.install:
-        routing_dir = Path(cfg.routing_dir) if cfg.routing_dir else Path(CONFIG_DIR) / "routing"
-        docs_dir = Path(cfg.docs_dir) if cfg.docs_dir else Path(CONFIG_DIR).parent / "docs" / "routing"
-        installed = mask.to_yaml(routing_dir / f"{cfg.install}.yaml", header)
-        docs = docs_dir / str(cfg.install)
+    routing_dir = Path(cfg.routing_dir or Path(cfg.user_config_dir) / "routing").expanduser()
+    installed = mask.to_yaml(routing_dir / f"{name}.yaml", header)
+    if cfg.docs_dir:  # e.g. how the repository ships a mask's report beside the mask
+        docs = Path(cfg.docs_dir).expanduser()
         docs.mkdir(parents=True, exist_ok=True)
         for file in ("report.md", "best_cost.png", "trials.jsonl"):
             shutil.copy(out_dir / file, docs / file)
     logger.info("found %s: kl %.4f top1 %.3f -> %s", mask.describe(), best.metrics.kl, best.metrics.top1, mask_path)
-    return SearchOutput(mask, result, baselines, mask_path, report_path, installed)
+    return SearchOutput(mask, result, baselines, mask_path, report_path, installed, f"routing={name}")
+
+
+def mask_name(cfg: DictConfig) -> str:
+    """The routing option the mask is written as: `mask_name`, else <target>-<search.name>."""
+    name = str(cfg.mask_name or f"{Path(str(cfg.model_pair.target.name)).name}-{cfg.search.name}")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise ValueError(f"mask_name={name!r}: use letters, digits, '.', '_' and '-' (it becomes routing=<name>)")
+    if not cfg.routing_dir and (Path(CONFIG_DIR) / "routing" / f"{name}.yaml").exists():
+        raise ValueError(f"mask_name={name!r} is a mask shipped with the package, which routing={name} would"
+                         " still select: pick another mask_name")
+    return name
 
 
 def _block(label: str) -> tuple[str, int]:
@@ -218,12 +235,13 @@ def _seed_masks(kinds: list[str], space: MaskSpace, baselines: Baselines, cost: 
     return seeds
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="search", version_base="1.3")
+@entry_point("search")
 def main(cfg: DictConfig) -> None:
     logging.getLogger("hyperopt").setLevel(logging.WARNING)  # one INFO line per TPE proposal otherwise
     out = run(cfg)
     print(f"{out.mask.describe()}  kl={out.result.best.metrics.kl:.4f}  top1={out.result.best.metrics.top1:.3f}")
-    print(f"mask: {out.installed or out.mask_path}\nreport: {out.report_path}")
+    print(f"mask: {out.mask_path}\nreport: {out.report_path}\ninstalled: {out.installed}")
+    print(f"use it: {out.override}  (e.g. viasd-generate verifier=tiered {out.override})")
 
 
 if __name__ == "__main__":

@@ -10,11 +10,10 @@ import logging
 import shutil
 from pathlib import Path
 
-import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from . import CONFIG_DIR, set_threads
+from . import entry_point, set_threads
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +55,7 @@ def export(cfg: DictConfig) -> Path:
     return out
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="train_eagle", version_base="1.3")
+@entry_point("train_eagle")
 def main(cfg: DictConfig) -> None:
     result = run(cfg)
     print(result)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import re
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -97,7 +96,7 @@ def choose(results: list[ThresholdResult], target_agreement: float) -> tuple[Thr
 def write_policy(
     path: Path, best: ThresholdResult, met: bool, target_agreement: float, facts: dict
 ) -> Path:
-    """A `conf/policy/` file holding the chosen thresholds and how they were chosen."""
+    """A policy config (a `policy/` group file) holding the chosen thresholds and how they were chosen."""
     provenance = {
         "quality_target": f"token agreement with the lossless (tiers-off) greedy output >= {target_agreement}",
         "met": met,
@@ -115,13 +114,3 @@ def write_policy(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("# Written by viasd-calibrate.\n" + header + yaml.safe_dump(body, sort_keys=False))
     return path
-
-
-def select_policy_in_pair_config(pair_config: Path, policy_name: str) -> bool:
-    """Point the model pair's `/policy` default at `policy_name`; False if it has none."""
-    text = pair_config.read_text()
-    pattern = re.compile(r"^(\s*- /policy@_global_\.policy: )\S+", re.MULTILINE)
-    if not pattern.search(text):
-        return False
-    pair_config.write_text(pattern.sub(lambda m: m.group(1) + policy_name, text, count=1))
-    return True

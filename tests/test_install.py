@@ -1,0 +1,124 @@
+"""The built wheel, installed outside the checkout, runs its console scripts from any directory.
+
+The wheel is built from a copy of the package's files (nothing is written into the source tree)
+and installed with `pip install --no-deps --target`; the commands run with that folder first on
+PYTHONPATH (dependencies come from the running interpreter's environment) and a working
+directory outside the repository.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+import viasd_adapters
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("install")
+    src = tmp / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(REPO / name, src / name)
+    shutil.copytree(REPO / "viasd_adapters", src / "viasd_adapters",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    subprocess.run([sys.executable, "-c", "import setuptools.build_meta as b; b.build_wheel('../dist')"],
+                   cwd=src, check=True, capture_output=True)
+    (wheel,) = (tmp / "dist").glob("*.whl")
+    site = tmp / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(site),
+                    str(wheel)], check=True, capture_output=True)
+    work = tmp / "elsewhere"  # a working directory with nothing of the repository in it
+    work.mkdir()
+    return {"wheel": wheel, "site": site, "work": work, "user": tmp / "user-conf"}
+
+
+def run_installed(installed, *argv: str, script: str | None = None) -> str:
+    env = {**os.environ, "PYTHONPATH": str(installed["site"]), "VIASD_CONFIG_DIR": str(installed["user"]),
+           "VIASD_CACHE": str(installed["work"] / "cache")}
+    command = [str(installed["site"] / "bin" / script), *argv] if script else [sys.executable, *argv]
+    done = subprocess.run(command, cwd=installed["work"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return done.stdout
+
+
+def tree_digest(folder: Path) -> str:
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    return hashlib.sha256(b"".join(str(p.relative_to(folder)).encode() + p.read_bytes() for p in files)).hexdigest()
+
+
+def test_the_wheel_holds_only_the_package_its_data_and_license(installed):
+    names = zipfile.ZipFile(installed["wheel"]).namelist()
+    assert {n.split("/")[0] for n in names} == {"viasd_adapters", f"viasd_adapters-{viasd_adapters.__version__}.dist-info"}
+    for data in ("conf/bench.yaml", "conf/task/spec_bench.yaml", "conf/search/calibration/default.yaml",
+                 "conf/routing/tiny-random-1l.yaml", "prompts/default.jsonl",
+                 "hosts/eagle/heads/smollm2-135m-instruct/head.safetensors"):
+        assert f"viasd_adapters/{data}" in names, data
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    metadata = zipfile.ZipFile(installed["wheel"]).read(
+        f"viasd_adapters-{viasd_adapters.__version__}.dist-info/METADATA").decode()
+    assert f"Version: {viasd_adapters.__version__}\n" in metadata and "License-Expression: Apache-2.0" in metadata
+    assert sorted(p.name for p in (installed["site"] / "bin").iterdir()) == sorted(SCRIPTS)
+
+
+def test_search_then_generate_with_its_mask_from_another_directory(installed):
+    package = installed["site"] / "viasd_adapters"
+    before = tree_digest(package)
+    out = run_installed(
+        installed, "model_pair=tiny-random", "runtime.dtype=float32", "search=quick", "search.config.num_random=2",
+        "search.config.num_tpe=1", "calibration.max_new_tokens=8", "progress=false", "mask_name=tiny-found",
+        script="viasd-search")
+    assert "use it: routing=tiny-found" in out
+    mask_file = installed["user"] / "routing" / "tiny-found.yaml"
+    assert mask_file.is_file()
+    assert (installed["work"] / "outputs" / "search" / "tiny-random" / "quick-2" / "mask.yaml").is_file()
+    assert tree_digest(package) == before  # nothing written into the installed package
+    mask = yaml.safe_load(mask_file.read_text())
+    # Calibrated on the shipped prompts by default: the last prompt of each of their 7 categories.
+    assert mask["provenance"]["calibration"]["prompts"] == [f"spec_bench/{8 * c}" for c in range(1, 8)]
+
+    # The user config directory is on every command's search path: routing=<mask_name> selects it
+    # (Hydra stops with "Could not find 'routing/tiny-found'" otherwise).
+    out = run_installed(installed, "model_pair=tiny-random", "framework=sd", "verifier=tiered", "routing=tiny-found",
+                        "max_new_tokens=6", "prompt=Hello", script="viasd-generate")
+    assert "new tokens 6" in out and "slim" in out  # the slim verifier ran
+
+
+def test_every_console_script_describes_itself(installed):
+    """`--help` prints the command's own description, not Hydra's default text; one process for all six."""
+    program = (
+        "import contextlib, io, sys\n"
+        "from importlib.metadata import distribution\n"
+        "import viasd_adapters, viasd_adapters.conf\n"
+        "print('@@version', viasd_adapters.__version__, viasd_adapters.conf.CONFIG_DIR)\n"
+        "for ep in distribution('viasd-adapters').entry_points:\n"
+        "    sys.argv = [ep.name, '--help']\n"
+        "    buf = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):\n"
+        "        ep.load()()\n"
+        "    print('@@', ep.name, sys.modules[ep.module].__file__)\n"
+        "    print(buf.getvalue())\n"
+    )
+    out = run_installed(installed, "-c", program)
+    version, config_dir = re.search(r"@@version (\S+) (\S+)", out).groups()
+    assert version == viasd_adapters.__version__ and Path(config_dir) == installed["site"] / "viasd_adapters" / "conf"
+    sections = dict(re.findall(r"@@ (\S+) (\S+)\n", out))
+    assert sorted(sections) == sorted(SCRIPTS)
+    for name, part in zip(re.findall(r"@@ (\S+) \S+\n", out), re.split(r"@@ \S+ \S+\n", out)[1:]):
+        assert Path(sections[name]).is_relative_to(installed["site"]), (name, sections[name])
+        assert part.startswith(f"{name}: "), (name, part[:200])  # its own first line
+        assert "Usage:" in part and "== Config groups" in part and "powered by Hydra" not in part, name
