@@ -37,7 +37,7 @@ test-slow: setup
 
 # The wheel `pip install` takes (configs, prompts and EAGLE heads inside): dist/viasd_adapters-*.whl
 wheel: setup
-	$(PIP) wheel --no-deps --no-build-isolation -w dist .
+	$(PIP) wheel --no-deps -w dist .
 
 clean:
 	rm -rf $(VENV) outputs multirun build dist

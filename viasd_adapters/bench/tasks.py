@@ -94,7 +94,7 @@ def _check_reference(reference: Any) -> bool:
     )
 
 
-def read_prompts_file(path: str | Path, key: str = "the prompts file's key") -> list[dict[str, Any]]:
+def read_prompts_file(path: str | Path, key: str | None = None) -> list[dict[str, Any]]:
     """Read and validate a Spec-Bench-shaped JSONL file; a clear error names the bad line.
 
     `key` is the config key that set `path` (e.g. "task.prompts_file"): a missing file's error
@@ -104,9 +104,9 @@ def read_prompts_file(path: str | Path, key: str = "the prompts file's key") -> 
     if not resolved.is_file():
         where = "" if resolved.is_absolute() else f" (relative to the working directory {Path.cwd()})"
         raise ValueError(
-            f"prompts file {str(path)!r} does not exist{where}: set {key}=PATH to a JSONL file in"
-            " Spec-Bench's format, e.g. Spec-Bench's data/spec_bench/question.jsonl, or"
-            " pkg://viasd_adapters.prompts/default.jsonl for the shipped prompts"
+            f"prompts file {str(path)!r} does not exist{where}: {f'set {key}=PATH to' if key else 'give'}"
+            " a JSONL file in Spec-Bench's format, e.g. Spec-Bench's data/spec_bench/question.jsonl,"
+            " or pkg://viasd_adapters.prompts/default.jsonl for the shipped prompts"
         )
     path = resolved
     rows = []

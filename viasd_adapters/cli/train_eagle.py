@@ -29,6 +29,10 @@ def run(cfg: DictConfig):
         return export(cfg)
     from ..train.eagle import train_eagle_head
 
+    if cfg.training.split.get("spec_bench") and cfg.training.split.get("prompts") is None:  # fail now, naming the key
+        from ..bench.tasks import read_prompts_file
+
+        read_prompts_file(cfg.training.split.spec_bench, "training.split.spec_bench")
     loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))
     training = instantiate(cfg.training, _convert_="all")
     result = train_eagle_head(loaded, training, cfg.out_dir, progress=cfg.progress, resume=cfg.resume)
