@@ -122,3 +122,22 @@ def test_every_console_script_describes_itself(installed):
         assert Path(sections[name]).is_relative_to(installed["site"]), (name, sections[name])
         assert part.startswith(f"{name}: "), (name, part[:200])  # its own first line
         assert "Usage:" in part and "== Config groups" in part and "powered by Hydra" not in part, name
+        assert "$VIASD_CONFIG_DIR, else ~/.config/viasd-adapters/conf" in part, name
+
+
+@pytest.mark.parametrize("command", sorted(name.removeprefix("viasd-").replace("-", "_") for name in SCRIPTS))
+def test_every_command_searches_the_user_config_dir(command, tmp_path, monkeypatch):
+    """One search path for all: a routing file in the user config directory is an option of every command."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from viasd_adapters.conf import CONFIG_DIR, user_config_dir
+    from viasd_adapters.routing import RoutingMask
+
+    monkeypatch.setenv("VIASD_CONFIG_DIR", str(tmp_path / "mine"))
+    assert user_config_dir() == tmp_path / "mine"
+    RoutingMask(skip_layers=(0, 3), num_layers=4).to_yaml(tmp_path / "mine" / "routing" / "my-mask.yaml")
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(command, overrides=["model_pair=tiny-random", "routing=my-mask"])
+    assert cfg.user_config_dir == str(tmp_path / "mine")
+    assert instantiate(cfg.routing).skip_layers == (0, 3)
