@@ -8,7 +8,6 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-import hydra
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
@@ -23,7 +22,7 @@ from ..profile import (
     measure_profile, missing_points, usable_threads,
 )
 from ..verify import LosslessVerifier
-from . import CONFIG_DIR
+from . import entry_point
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +135,7 @@ def report(outcome: ProfileOutcome) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="profile", version_base="1.3")
+@entry_point("profile")
 def main(cfg: DictConfig) -> None:
     print(report(run(cfg)))
 
