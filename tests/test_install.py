@@ -9,6 +9,7 @@ directory outside the repository.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import re
 import shutil
@@ -36,8 +37,11 @@ def installed(tmp_path_factory) -> dict[str, Path]:
         shutil.copy(REPO / name, src / name)
     shutil.copytree(REPO / "viasd_adapters", src / "viasd_adapters",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    subprocess.run([sys.executable, "-c", "import setuptools.build_meta as b; b.build_wheel('../dist')"],
-                   cwd=src, check=True, capture_output=True)
+    if _setuptools_version() >= (77,):  # PEP 639 metadata: build with what is installed, offline and fast
+        build = [sys.executable, "-c", "import setuptools.build_meta as b; b.build_wheel('../dist')"]
+    else:  # e.g. a fresh Python 3.11 venv's setuptools 65: pip fetches pyproject's build requirements
+        build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", "../dist", "."]
+    subprocess.run(build, cwd=src, check=True, capture_output=True)
     (wheel,) = (tmp / "dist").glob("*.whl")
     site = tmp / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(site),
@@ -45,6 +49,13 @@ def installed(tmp_path_factory) -> dict[str, Path]:
     work = tmp / "elsewhere"  # a working directory with nothing of the repository in it
     work.mkdir()
     return {"wheel": wheel, "site": site, "work": work, "user": tmp / "user-conf"}
+
+
+def _setuptools_version() -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in importlib.metadata.version("setuptools").split(".")[:2])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return (0,)
 
 
 def run_installed(installed, *argv: str, script: str | None = None) -> str:
