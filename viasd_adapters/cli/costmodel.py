@@ -17,12 +17,11 @@ import json
 import logging
 from pathlib import Path
 
-import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from ..bench import costmodel
-from . import CONFIG_DIR, set_threads
+from . import entry_point, set_threads
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +86,7 @@ def run(cfg: DictConfig) -> Path:
     raise ValueError(f"mode={cfg.mode!r}: use mode=profile or mode=predict")
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="costmodel", version_base="1.3")
+@entry_point("costmodel")
 def main(cfg: DictConfig) -> None:
     path = run(cfg)
     print(path.read_text())

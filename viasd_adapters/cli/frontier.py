@@ -20,7 +20,6 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import hydra
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -40,7 +39,7 @@ from ..bench.harness import BenchSettings, Harness, Method
 from ..bench.tasks import Prompt, Task
 from ..pipeline import build_decoder, encode_prompt, load_pair
 from ..search.space import attention_share
-from . import CONFIG_DIR, set_threads
+from . import CONFIG_DIR, entry_point, set_threads
 
 logger = logging.getLogger(__name__)
 
@@ -311,7 +310,7 @@ class _Subset(Task):
         return [p for p in self.task.prompts() if p.id in self.ids]
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="frontier", version_base="1.3")
+@entry_point("frontier")
 def main(cfg: DictConfig) -> None:
     print(run(cfg))
 
