@@ -52,7 +52,7 @@ def load_routing(names: list[str]) -> dict[str, DictConfig]:
         if not path.is_file():
             available = sorted(p.stem for p in path.parent.glob("*.yaml"))
             raise ValueError(f"routing mask {name!r} does not exist ({path}); available: {available}."
-                             " Search one with viasd-search ... install=<name>")
+                             " Search one with viasd-search ... mask_name=<name> routing_dir=viasd_adapters/conf/routing")
         out[name] = OmegaConf.load(path)
     return out
 
