@@ -105,3 +105,18 @@ def test_benchmark_your_own_prompt_file(tmp_path):
     records = [line for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines() if line]
     assert len(records) == 2 * 2  # two methods, two prompts, one repetition
     assert "| sd |" in (tmp_path / "run" / "table.md").read_text()
+
+
+def test_readme_starts_with_a_working_five_line_quickstart(tmp_path):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    before = readme.split("```python\n", 1)[0]
+    assert "```" not in before and len(before.splitlines()) < 15  # it is the first thing a reader sees
+    assert len(block.strip().splitlines()) == 5
+    script = tmp_path / "quickstart.py"
+    script.write_text(block, encoding="utf-8")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=ENV,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout.strip().lower()
+    assert len(text.split()) > 10 and ("sky" in text or "blue" in text), text  # SmolLM2 answered the question
