@@ -120,3 +120,27 @@ def test_readme_starts_with_a_working_five_line_quickstart(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout.strip().lower()
     assert len(text.split()) > 10 and ("sky" in text or "blue" in text), text  # SmolLM2 answered the question
+
+
+def test_search_and_calibrate_then_use_both(tmp_path):
+    config_dir = tmp_path / "user-conf"  # where the results are installed, instead of ~/.config
+    calibration = ["calibration.per_category=1", "calibration.max_new_tokens=8", "calibration.max_prompt_tokens=16"]
+    stdout = run_script(
+        "search_and_calibrate", "--model-pair", "tiny-random", "--search", "quick", "--budget", "1", "--name", "mine",
+        "--max-new-tokens", "8", "--threads", "1", "--out-dir", str(tmp_path / "run"),
+        "--search-overrides", "search.config.num_random=2", "search.config.num_tpe=2", "progress=false", *calibration,
+        "--calibrate-overrides", "grid=[[0.9,0.9],[0.5,0.5]]", "max_new_tokens=8", "progress=false",
+        "prompts.per_category=1", "prompts.max_new_tokens=8",
+        # the shipped calibration prompts are longer than the tiny models' default 512-token window
+        "+model_pair.target.tiny.max_position_embeddings=2048", "+model_pair.draft.tiny.max_position_embeddings=2048",
+        cwd=tmp_path, config_dir=config_dir,
+    )
+    assert (config_dir / "routing" / "mine.yaml").is_file() and (config_dir / "policy" / "mine.yaml").is_file()
+    assert (tmp_path / "run" / "search" / "mask.yaml").is_file()
+    assert "$ viasd-generate model_pair=tiny-random verifier=tiered routing=mine policy=mine" in stdout
+    assert "[VIA-SD on SD] new tokens 8 |" in stdout  # the CLI used both
+    assert "-> VIA-SD on SD" in stdout  # and so did Python
+    from viasd_adapters.routing import RoutingMask
+
+    mask = RoutingMask.from_yaml(config_dir / "routing" / "mine.yaml")
+    assert len(mask.skip_layers) == 1 and f"mask: {mask.describe()}" in stdout
