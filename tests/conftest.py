@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from viasd_adapters.models import LoadedModel, ModelSpec, TinyModelConfig
-from viasd_adapters.models.tiny import build_tiny_model
+from viasd_adapters.models.tiny import build_tiny_model, perturb_weights
 
 
 def tiny(seed: int = 0, num_layers: int = 4, dtype: str = "float32", **kw) -> LoadedModel:
@@ -19,12 +19,7 @@ def tiny(seed: int = 0, num_layers: int = 4, dtype: str = "float32", **kw) -> Lo
 
 def perturbed(model: torch.nn.Module, scale: float, seed: int = 1) -> torch.nn.Module:
     """A copy of `model` with relative Gaussian noise on every weight: a draft that mostly agrees."""
-    draft = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in draft.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * param.std() * scale)
-    return draft
+    return perturb_weights(copy.deepcopy(model), scale, seed)
 
 
 @torch.no_grad()
@@ -42,11 +37,28 @@ def exact_marginals(model: torch.nn.Module, prompt: torch.Tensor, steps: int) ->
     return torch.stack(marginals)
 
 
-@pytest.fixture(scope="session")
-def tiny_target() -> LoadedModel:
-    return tiny(seed=0)
+def tiny_pair_config(*overrides: str):
+    """The `tiny-random` model pair config (fp32 by default), as the CLIs compose it."""
+    from tests.test_configs import compose_generate
+
+    return compose_generate("model_pair=tiny-random", "runtime.dtype=float32", "runtime.draft_dtype=float32",
+                            *overrides).model_pair
 
 
 @pytest.fixture(scope="session")
-def tiny_draft(tiny_target) -> torch.nn.Module:
-    return perturbed(tiny_target.model, scale=0.02)
+def tiny_pair():
+    """The `tiny-random` pair in fp32: a 4-layer target and a perturbed copy of it as the draft
+    (acceptance between 0.4 and 0.9: tests/test_generate.py checks it)."""
+    from viasd_adapters.pipeline import load_pair
+
+    return load_pair(tiny_pair_config())
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_pair) -> LoadedModel:
+    return tiny_pair.target
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tiny_pair) -> torch.nn.Module:
+    return tiny_pair.draft.model

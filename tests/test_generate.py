@@ -29,6 +29,21 @@ def test_sd_prints_what_ar_prints():
     assert sd.text == ar.text and ar.result.tokens == sd.result.tokens
     assert set(sd.result.stats.model_calls) == {"draft", "target"}
     assert sd.prompt_tokens > 0 and len(sd.result.tokens) == 24
+    assert 0 < sd.result.stats.accepted < sd.result.stats.drafted  # accepted and rejected drafts both occurred
+
+
+@pytest.mark.parametrize("draft_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_tiny_pair_accepts_most_drafts_but_not_all(draft_dtype, temperature):
+    """The tiny pair's draft is a perturbed copy of its target, so tests on it exercise the accept
+    paths of SD, PEARL and VIA-SD, not only rejections (an unrelated random draft accepts ~0)."""
+    prompts = ["hello", "The quick brown fox", "def f(x):"]
+    drafted = accepted = 0
+    for prompt in prompts:
+        out = run(compose_generate(*TINY, "max_new_tokens=48", f"runtime.draft_dtype={draft_dtype}",
+                                   f"sampling.temperature={temperature}", f"prompt='{prompt}'")).result
+        drafted, accepted = drafted + out.stats.drafted, accepted + out.stats.accepted
+    assert 0.4 < accepted / drafted < 0.9
 
 
 def test_empty_prompt_is_refused():

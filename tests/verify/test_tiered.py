@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from tests.conftest import perturbed
+from tests.conftest import exact_marginals, perturbed, tiny
 from tests.decode.test_loops import PROMPT
 from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
 from viasd_adapters.draft import ModelDrafter
 from viasd_adapters.routing import RoutingMask, SlimModel
 from viasd_adapters.runner import CausalLMRunner, common_prefix_length
-from viasd_adapters.sampling import SamplingConfig
+from viasd_adapters.sampling import Sampler, SamplingConfig
 from viasd_adapters.verify import ConfidencePolicy, LosslessVerifier, Tier, TieredVerifier
 
 GREEDY = SamplingConfig()
@@ -26,29 +26,64 @@ def decode(tiny_target, tiny_draft, verifier, sampling=GREEDY, n=60):
     return decoder.generate(PROMPT, n, sampling)
 
 
-@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_slim_tier_off_equals_plain_sd(tiny_target, tiny_draft, sampling):
-    plain = decode(tiny_target, tiny_draft, LosslessVerifier(tiny_target.model), sampling)
-    off = decode(tiny_target, tiny_draft, TieredVerifier(tiny_target.model), sampling)
-    assert off.tokens == plain.tokens
+def ar_tokens(tiny_target, n=60):
+    """Greedy AR: the independent reference of every lossless greedy reduction."""
+    return AutoregressiveDecoder(tiny_target.model).generate(PROMPT, n).tokens
+
+
+def test_slim_tier_off_equals_greedy_ar(tiny_target, tiny_draft):
+    off = decode(tiny_target, tiny_draft, TieredVerifier(tiny_target.model))
+    assert off.tokens == ar_tokens(tiny_target)
     assert set(off.stats.model_calls) == {"draft", "target"}
+    assert 0 < off.stats.accepted < off.stats.drafted  # both accept and reject paths ran
 
 
-@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_everything_escalated_equals_plain_sd(tiny_target, tiny_draft, slim, sampling):
-    plain = decode(tiny_target, tiny_draft, LosslessVerifier(tiny_target.model), sampling)
+def test_slim_tier_off_sampling_reproduces_the_target_distribution():
+    """Statistical: with the tiers off, the first two sampled tokens follow the target's marginals."""
+    target = tiny(seed=0, num_layers=2, init_std=0.5).model
+    draft = perturbed(target, scale=0.02, seed=5)  # sum min(p1, q1) = 0.37: drafts are often kept
+    N = 1500
+    q1, q2 = exact_marginals(target, PROMPT, 2)  # [V] each
+    p1 = exact_marginals(draft, PROMPT, 1)[0]
+    decoder = SpeculativeDecoder(ModelDrafter(draft), TieredVerifier(target), num_draft_tokens=3)
+    counts = torch.zeros(2, q1.numel())
+    accepted = 0
+    for seed in range(N):
+        out = decoder.generate(PROMPT, 2, SamplingConfig(temperature=1.0, seed=seed))
+        counts[0, out.tokens[0]] += 1
+        counts[1, out.tokens[1]] += 1
+        accepted += out.stats.accepted
+    assert q2.max() > 0.05 and (p1 - q1).abs().max() > 0.1  # the check has teeth
+    assert accepted > N // 4  # drafts were kept, not only resampled
+    # 4.5 standard errors of a frequency at N = 1500 is at most 0.058
+    assert (counts[0] / N - q1).abs().max() < 0.058
+    assert (counts[1] / N - q2).abs().max() < 0.058
+
+
+def test_everything_escalated_equals_greedy_ar(tiny_target, tiny_draft, slim):
     policy = ConfidencePolicy(tau_accept=1.0, tau_slim=1.0)
-    tiered = decode(tiny_target, tiny_draft, TieredVerifier(tiny_target.model, slim, policy), sampling)
-    assert tiered.tokens == plain.tokens
+    tiered = decode(tiny_target, tiny_draft, TieredVerifier(tiny_target.model, slim, policy))
+    assert tiered.tokens == ar_tokens(tiny_target)
     # every round but a last one of zero drafts (budget of one token) runs the slim verifier
     assert tiered.stats.model_calls["slim"].calls >= tiered.stats.steps - 1
     assert set(tiered.stats.tier_counts) == {"full"}
+    assert 0 < tiered.stats.accepted < tiered.stats.drafted
 
 
-def test_zero_drift_cap_equals_plain_sd(tiny_target, tiny_draft, slim):
-    plain = decode(tiny_target, tiny_draft, LosslessVerifier(tiny_target.model))
+def test_everything_escalated_sampling_equals_plain_sd(tiny_target, tiny_draft, slim):
+    """The slim forward draws no random numbers: the sampled tokens are plain SD's, seed for seed."""
+    policy = ConfidencePolicy(tau_accept=1.0, tau_slim=1.0)
+    plain = decode(tiny_target, tiny_draft, LosslessVerifier(tiny_target.model), SAMPLED)
+    tiered = decode(tiny_target, tiny_draft, TieredVerifier(tiny_target.model, slim, policy), SAMPLED)
+    assert tiered.tokens == plain.tokens
+    assert tiered.stats.model_calls["slim"].calls >= tiered.stats.steps - 1
+
+
+def test_zero_drift_cap_equals_greedy_ar(tiny_target, tiny_draft, slim):
     verifier = TieredVerifier(tiny_target.model, slim, ConfidencePolicy(0.0, 0.0, 0.0), max_unverified=0)
-    assert decode(tiny_target, tiny_draft, verifier).tokens == plain.tokens
+    out = decode(tiny_target, tiny_draft, verifier)
+    assert out.tokens == ar_tokens(tiny_target)
+    assert set(out.stats.tier_counts) == {"full"}
 
 
 def test_a_perfect_slim_verifier_is_lossless_without_the_full_model(tiny_target, tiny_draft):
@@ -66,7 +101,7 @@ def test_a_perfect_slim_verifier_is_lossless_without_the_full_model(tiny_target,
 
 @pytest.mark.parametrize("rejudge", [True, False])
 def test_tiers_account_for_every_decided_token(tiny_target, tiny_draft, slim, rejudge):
-    policy = ConfidencePolicy(tau_accept=0.3, tau_slim=0.6)
+    policy = ConfidencePolicy(tau_accept=0.15, tau_slim=0.3)  # all three tiers occur on the tiny pair
     verifier = TieredVerifier(tiny_target.model, slim, policy, max_unverified=6, rejudge=rejudge)
     out = decode(tiny_target, tiny_draft, verifier, n=80)
     counts = out.stats.tier_counts
@@ -75,19 +110,23 @@ def test_tiers_account_for_every_decided_token(tiny_target, tiny_draft, slim, re
     assert sum(counts.values()) == 80  # every committed token once, bonus tokens included
 
 
-def test_drift_cap_forces_the_full_model(tiny_target, tiny_draft):
-    cap = 3
+@pytest.mark.parametrize("cap", [1, 3, 5])
+def test_drift_cap_forces_the_full_model(tiny_target, tiny_draft, cap):
+    """No more than `cap` tokens are ever committed without the full model, and the cap is reached."""
     verifier = TieredVerifier(tiny_target.model, tiny_target.model, ConfidencePolicy(0.0, 0.0, 0.0), cap)
-    decoder = SpeculativeDecoder(ModelDrafter(tiny_draft), verifier, num_draft_tokens=4)
-    ids = PROMPT
+    drafter, sampler = ModelDrafter(tiny_draft), Sampler(GREEDY)
+    ids, unjudged, most = PROMPT, 0, 0
     verifier.reset()
-    from viasd_adapters.sampling import Sampler
-
-    sampler = Sampler(GREEDY)
-    for _ in range(12):
-        block = decoder.drafter.propose(ids, 4, sampler)
-        ids = torch.cat([ids, verifier.verify(ids, block, sampler).tokens[None]], dim=1)
-        assert verifier.unverified_length(ids) <= cap + 1  # the verifier's own token is never seen
+    for _ in range(20):
+        block = drafter.propose(ids, 4, sampler)
+        verdict = verifier.verify(ids, block, sampler)
+        ids = torch.cat([ids, verdict.tokens[None]], dim=1)
+        # counted from the verdicts alone: a full-model verdict settles everything up to its own token
+        unjudged = 0 if "full" in verdict.tier_counts else unjudged + len(verdict.tokens)
+        assert unjudged <= cap
+        assert verifier.unverified_length(ids) == unjudged
+        most = max(most, unjudged)
+    assert most == cap
 
 
 def test_policy_assigns_tiers_from_confidence():
@@ -116,7 +155,7 @@ MASKS = {
     "attention1": RoutingMask(skip_attention=[1]),  # p = 1, a sub-block mask
     "mlp2-layer3": RoutingMask([3], skip_mlp=[2]),  # p = 2
 }
-MIXED = ConfidencePolicy(tau_accept=0.15, tau_slim=0.3)  # on the tiny target all three tiers occur
+MIXED = ConfidencePolicy(tau_accept=0.1, tau_slim=0.25)  # on the tiny pair all three tiers occur
 
 
 def routed(tiny_target, mask, policy=MIXED, share_prefix=True, **kw):
@@ -153,7 +192,7 @@ def test_shared_prefix_escalations_see_what_a_full_forward_sees(tiny_target, tin
     """Through accepts, rewrites, rejected blocks and a lagging target, every logits call equals a
     plain forward of its model over the whole sequence."""
     model = tiny_target.model
-    verifier = routed(tiny_target, "layer2")
+    verifier = routed(tiny_target, "layer2", rejudge=False)  # tier-1 tokens stay counted as such
     slim = verifier.slim.model
     checked = {"slim": 0, "target": 0, "lagging": 0}
 
@@ -184,7 +223,7 @@ def test_shared_prefix_everything_escalated_equals_plain_sd(tiny_target, tiny_dr
     plain = decode(tiny_target, tiny_draft, LosslessVerifier(tiny_target.model), sampling)
     verifier = routed(tiny_target, "layer2", ConfidencePolicy(tau_accept=1.0, tau_slim=1.0))
     out = decode(tiny_target, tiny_draft, verifier, sampling)
-    assert out.tokens == plain.tokens
+    assert out.tokens == (ar_tokens(tiny_target) if sampling is GREEDY else plain.tokens)
     assert out.stats.model_calls["target"].calls == plain.stats.model_calls["target"].calls
 
 

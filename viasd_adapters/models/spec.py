@@ -24,6 +24,10 @@ class TinyModelConfig:
     vocab_size: int | None = None  # None: the byte tokenizer's 257 (a larger one pads the head)
     seed: int = 0  # weights are a pure function of this seed
     init_std: float = 0.3  # large enough that argmax ties (and so flaky greedy tests) are unlikely
+    # Relative Gaussian noise added to every weight (0: none). The model of `seed` plus a little
+    # noise is a draft that mostly agrees with the model of `seed` alone, as a trained draft does.
+    perturb: float = 0.0
+    perturb_seed: int = 1  # seeds that noise
 
 
 @dataclass

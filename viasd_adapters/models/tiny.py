@@ -52,5 +52,21 @@ def build_tiny_model(spec: ModelSpec) -> LoadedModel:
             if name.endswith("norm.weight"):
                 continue  # keep RMSNorm at identity
             param.normal_(0.0, cfg.init_std / (param.shape[-1] ** 0.5) * 8, generator=generator)
+        if cfg.perturb:
+            perturb_weights(model, cfg.perturb, cfg.perturb_seed)
     model = model.to(device=spec.device, dtype=spec.torch_dtype).eval()
     return LoadedModel(model, tokenizer, spec, stop_token_ids=(tokenizer.eos_token_id,))
+
+
+@torch.no_grad()
+def perturb_weights(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
+    """Add relative Gaussian noise (`scale` x each tensor's std) to every weight, in place.
+
+    Applied to a copy of a target, this makes a draft that agrees with it most of the time
+    (tiny-random's draft), so tests exercise both accepted and rejected drafts.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    for param in model.parameters():
+        noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
+        param.add_((noise * param.float().std() * scale).to(param.dtype))
+    return model

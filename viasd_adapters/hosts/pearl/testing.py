@@ -46,6 +46,7 @@ class ToyProposer:
         fail_after: int | None = None,
         hang_after: int | None = None,
         with_probs: bool = False,
+        load_s: float = 0.0,
     ):
         self._vocab_size = vocab_size
         self.error_every = error_every
@@ -53,12 +54,18 @@ class ToyProposer:
         self.fail_after = fail_after  # raise ValueError on the call after this many
         self.hang_after = hang_after  # sleep for an hour on the call after this many
         self.with_probs = with_probs  # return one-hot distributions
+        self.load_s = load_s  # unpickling (a draft worker loading it) takes this long, like a real drafter
         self.calls = 0
         self.log: list[tuple[float, int]] = []  # (monotonic time, position) of every draft
 
     @property
     def vocab_size(self) -> int:
         return self._vocab_size
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self.load_s:
+            time.sleep(self.load_s)
 
     def reset(self, settings) -> None:
         self.calls = 0

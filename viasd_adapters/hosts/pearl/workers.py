@@ -14,6 +14,8 @@ itself when its parent dies, so it is never orphaned.
 from __future__ import annotations
 
 import logging
+import os
+import pickle
 import queue
 import signal
 import threading
@@ -25,6 +27,7 @@ from typing import Any, Callable
 
 import torch
 import torch.multiprocessing as mp
+from multiprocessing.reduction import ForkingPickler
 
 from .protocol import (
     DraftEnd,
@@ -241,13 +244,26 @@ class ThreadDraftWorker(DraftWorker):
                 logger.warning("the draft thread did not stop within %.0f s; leaving it behind", _GRACE_S)
 
 
-def _process_main(proposer, inbox, outbox, controls, ring, threads) -> None:
+def _exit_when_orphaned(parent_alive: Callable[[], bool], done: threading.Event) -> None:
+    """Until `done` is set, end this process as soon as its parent is gone."""
+    while not done.wait(POLL_S):
+        if not parent_alive():
+            os._exit(0)  # nothing of this process is worth cleaning up: it has not started serving
+
+
+def _process_main(pickled_proposer: bytes, inbox, outbox, controls, ring, threads) -> None:
     """Entry point of a draft process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides
-    if threads:
-        torch.set_num_threads(threads)
     parent = mp.parent_process()
     parent_alive = parent.is_alive if parent else (lambda: True)
+    # Loading the drafter takes seconds for a real model; a parent that dies meanwhile must not
+    # leave it running to the end of its start-up. Once `serve` runs, it checks by itself.
+    loaded = threading.Event()
+    threading.Thread(target=_exit_when_orphaned, args=(parent_alive, loaded), daemon=True).start()
+    if threads:
+        torch.set_num_threads(threads)
+    proposer = pickle.loads(pickled_proposer)
+    loaded.set()
     slots = ring.shape[0] if ring is not None else 0
     written = [0]
 
@@ -311,9 +327,12 @@ class ProcessDraftWorker(DraftWorker):
         self._outbox = ctx.Queue()
         vocab = proposer.vocab_size
         self._ring = torch.zeros(ring_slots, vocab).share_memory_() if vocab else None
+        # Pickled here, unpickled by the worker once it watches for its parent's death (the
+        # tensors travel as shared memory, as through a queue).
+        pickled = bytes(ForkingPickler.dumps(proposer))
         self._process = ctx.Process(
             target=_process_main,
-            args=(proposer, self._inbox, self._outbox, self.controls, self._ring, threads),
+            args=(pickled, self._inbox, self._outbox, self.controls, self._ring, threads),
             name="pearl-draft",
             daemon=True,  # multiprocessing terminates it when this interpreter exits
         )
