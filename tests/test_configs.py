@@ -68,6 +68,10 @@ def test_decoders_build_and_decode_on_the_tiny_pair(framework, verifier):
     cfg = compose_generate(
         "model_pair=tiny-random", f"framework={framework}", f"verifier={verifier}", "max_new_tokens=6"
     )
+    if framework == "ar" and verifier != "full":  # AR verifies nothing: refused, not silently ignored
+        with pytest.raises(ValueError, match="takes no verifier"):
+            run(cfg)
+        return
     _, result = run(cfg)
     assert len(result.tokens) == 6
 

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
+
+# Below this, logits of any real model (|logit| up to ~1e4) divided by the temperature overflow
+# float32 (max 3.4e38). Larger temperatures can still overflow on extreme logits: `Sampler.probs`
+# says so then, instead of letting torch fail on inf / nan probabilities.
+MIN_TEMPERATURE = 1e-30
 
 
 @dataclass
@@ -17,12 +24,23 @@ class SamplingConfig:
     seed: int = 0  # seeds the generator of each generation, so sampled runs are reproducible
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+                raise ValueError(f"sampling.{name} must be a finite number, got {value!r}")
+        for name in ("top_k", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"sampling.{name} must be a whole number >= 0, got {value!r}")
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+            raise ValueError(f"sampling.temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(
+                f"sampling.temperature={self.temperature} is so small that logits / temperature overflow"
+                f" float32: use temperature=0 for greedy decoding, or one >= {MIN_TEMPERATURE}"
+            )
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
 
     @property
     def greedy(self) -> bool:
@@ -45,7 +63,14 @@ class Sampler:
         cfg = self.config
         if cfg.greedy:
             return torch.softmax(logits, dim=-1)
-        logits = logits / cfg.temperature
+        scaled = logits / cfg.temperature
+        if torch.isinf(scaled).logical_and(torch.isfinite(logits)).any():
+            raise ValueError(
+                f"sampling.temperature={cfg.temperature} is too small for these logits (largest"
+                f" {float(logits[torch.isfinite(logits)].abs().max()):.3g}): logits / temperature overflow float32;"
+                " use temperature=0 for greedy decoding or a larger temperature"
+            )
+        logits = scaled
         if cfg.top_k:
             kth = torch.topk(logits, min(cfg.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..bench import plots
+from ..checks import check_config
 from ..bench.harness import BenchSettings, Harness, Method
 from ..bench.report import ablation, build_report
 from ..hardware import cpu_info, device_label
@@ -54,6 +55,7 @@ def run(cfg: DictConfig) -> BenchOutcome:
     Everything that can be checked without a model (methods, settings, the task's prompts) is
     checked before `out_dir` is touched, so a bad prompt file leaves nothing behind.
     """
+    check_config(cfg)
     started = datetime.datetime.now()
     run_id = started.strftime("%Y-%m-%d_%H-%M-%S")
     if not cfg.method:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from ..checks import check_config
 from ..pipeline import encode_prompt, load_pair, uses_draft_model
 from ..search.calibration import PromptSource, select_prompts
 from ..search.thresholds import ThresholdResult, choose, evaluate_thresholds, write_policy
@@ -45,6 +46,7 @@ def policy_name(cfg: DictConfig) -> str:
 
 
 def run(cfg: DictConfig) -> CalibrationOutcome:
+    check_config(cfg, identity_slim_ok=True)  # u = q (routing=none) is a legitimate calibration check
     name = policy_name(cfg)  # every plain setting is checked before the models load
     check_prompt_sources(cfg.prompts, "prompts")
     apply_routing_file(cfg)

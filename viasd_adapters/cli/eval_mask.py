@@ -22,6 +22,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from ..checks import check_config
 from ..models import load_model
 from . import apply_routing_file, check_prompt_sources, entry_point, set_threads
 from ..routing import RoutingMask, format_layers
@@ -60,6 +61,7 @@ def run(cfg: DictConfig) -> EvalOutput:
     check_prompt_sources(cfg.calibration, "calibration")
     if cfg.greedy:
         check_prompt_sources(cfg.greedy_calibration, "greedy_calibration")
+    check_config(cfg)
     set_threads(cfg.runtime.get("threads"))
     loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))
     mask: RoutingMask = instantiate(cfg.routing, _convert_="all")

@@ -16,6 +16,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from ..api import describe
+from ..checks import check_config
 from ..decode import GenerationResult
 from ..pipeline import Pipeline, streams
 from ..progress import TokenProgress
@@ -60,6 +61,7 @@ def read_prompt(cfg: DictConfig) -> str:
 
 
 def run(cfg: DictConfig) -> GenerateOutcome:
+    check_config(cfg)
     set_threads(cfg.get("threads"))
     prompt = read_prompt(cfg)  # before loading: a missing file fails fast
     apply_routing_file(cfg)

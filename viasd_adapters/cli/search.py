@@ -25,6 +25,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from ..checks import check_config
 from ..models import load_model
 from . import CONFIG_DIR, check_prompt_sources, entry_point, set_threads
 from ..routing import RoutingMask
@@ -63,6 +64,7 @@ def run(cfg: DictConfig) -> SearchOutput:
     begin = time.perf_counter()
     name = mask_name(cfg)  # a bad name fails before the model loads
     check_prompt_sources(cfg.calibration, "calibration")
+    check_config(cfg)
     set_threads(cfg.runtime.get("threads"))
     search_cfg = SearchConfig(**OmegaConf.to_container(cfg.search.config, resolve=True))
     expected_cfg = cfg.search.get("expected")

@@ -13,6 +13,7 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from ..checks import check_config
 from . import entry_point, set_threads
 
 logger = logging.getLogger(__name__)
@@ -20,6 +21,7 @@ logger = logging.getLogger(__name__)
 
 def run(cfg: DictConfig):
     """Train (or, with export.head and export.out set, export) and return the TrainResult / folder."""
+    check_config(cfg)
     set_threads(cfg.threads)
     from ..models import load_model
 

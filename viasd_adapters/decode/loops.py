@@ -154,6 +154,11 @@ class SpeculativeDecoder(Decoder):
     `num_draft_tokens`.
     """
 
+    @staticmethod
+    def check_settings(num_draft_tokens: int = 5, **_) -> None:
+        """The plain settings' rules (also checked before any model loads: `viasd_adapters.checks`)."""
+        FixedDraftLength(num_draft_tokens)  # its rule: K >= 1
+
     def __init__(
         self,
         drafter: Drafter,

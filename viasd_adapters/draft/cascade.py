@@ -19,12 +19,17 @@ class CascadeDrafter(Drafter):
     """
 
     def __init__(self, model: PreTrainedModel, lower: Drafter, lower_tokens: int = 4, name: str = "draft"):
-        if lower_tokens < 1:
-            raise ValueError(f"lower_tokens must be >= 1, got {lower_tokens}")
+        self.check_settings(lower_tokens=lower_tokens)
         self.name = name
         self.runner = CausalLMRunner(model, name)
         self.lower = lower
         self.lower_tokens = lower_tokens
+
+    @staticmethod
+    def check_settings(lower_tokens: int = 4, **_) -> None:
+        """The plain settings' rules (also checked before any model loads: `viasd_adapters.checks`)."""
+        if lower_tokens < 1:
+            raise ValueError(f"lower_tokens must be >= 1, got {lower_tokens}")
 
     @property
     def vocab_size(self) -> int:

@@ -29,6 +29,14 @@ class ModelDrafter(Drafter):
       pair's model itself is untouched, so other decoders sharing it are not affected.
     """
 
+    @staticmethod
+    def check_settings(confidence_threshold: float | None = None, quantize: str | None = None, **_) -> None:
+        """The plain settings' rules (also checked before any model loads: `viasd_adapters.checks`)."""
+        if confidence_threshold is not None and not 0 <= confidence_threshold <= 1:
+            raise ValueError(f"confidence_threshold must be in [0, 1] (null: off), got {confidence_threshold}")
+        if quantize is not None and quantize not in QUANTIZATIONS:
+            raise ValueError(f"quantize {quantize!r} is not one of {sorted(QUANTIZATIONS)} (null: off)")
+
     def __init__(
         self,
         model: PreTrainedModel,
@@ -37,10 +45,7 @@ class ModelDrafter(Drafter):
         vocabulary: str | DraftVocabulary | None = None,
         quantize: str | None = None,
     ):
-        if confidence_threshold is not None and not 0 <= confidence_threshold <= 1:
-            raise ValueError(f"confidence_threshold must be in [0, 1] (null: off), got {confidence_threshold}")
-        if quantize is not None and quantize not in QUANTIZATIONS:
-            raise ValueError(f"quantize {quantize!r} is not one of {sorted(QUANTIZATIONS)} (null: off)")
+        self.check_settings(confidence_threshold=confidence_threshold, quantize=quantize)
         self.name = name
         self.confidence_threshold = confidence_threshold
         self.full_vocab_size = int(model.get_output_embeddings().weight.shape[0])

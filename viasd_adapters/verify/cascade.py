@@ -33,9 +33,14 @@ class SpeculativeCascadeVerifier(LosslessVerifier):
     survive. alpha = 0 defers wherever q is more confident than p; a large alpha never defers.
     """
 
-    def __init__(self, target: PreTrainedModel, alpha: float = 0.5, name: str = "target"):
+    @staticmethod
+    def check_settings(alpha: float = 0.5, **_) -> None:
+        """The plain settings' rules (also checked before any model loads: `viasd_adapters.checks`)."""
         if alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
+
+    def __init__(self, target: PreTrainedModel, alpha: float = 0.5, name: str = "target"):
+        self.check_settings(alpha=alpha)
         super().__init__(target, name)
         self.alpha = alpha
 

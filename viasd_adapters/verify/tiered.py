@@ -40,6 +40,12 @@ class TieredVerifier(Verifier):
     the stored layer-p states (`SharedPrefixRunner`): (L - p) / L of a full forward's layer work.
     """
 
+    @staticmethod
+    def check_settings(max_unverified: int = 16, **_) -> None:
+        """The plain settings' rules (also checked before any model loads: `viasd_adapters.checks`)."""
+        if max_unverified < 0:
+            raise ValueError(f"max_unverified must be >= 0, got {max_unverified}")
+
     def __init__(
         self,
         target: PreTrainedModel,
@@ -70,8 +76,7 @@ class TieredVerifier(Verifier):
         """
         if policy is not None and slim is None:
             raise ValueError("a tier policy needs a slim verifier: set `slim`")
-        if max_unverified < 0:
-            raise ValueError(f"max_unverified must be >= 0, got {max_unverified}")
+        self.check_settings(max_unverified=max_unverified)
         self.target = CausalLMRunner(target, "target")
         self.slim = None
         self.shared = None  # the SharedPrefixRunner behind `target` and `slim` when they share layers

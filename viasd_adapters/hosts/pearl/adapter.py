@@ -102,6 +102,11 @@ class PearlDecoder(Decoder):
     stops when this object is collected or the interpreter exits).
     """
 
+    @staticmethod
+    def check_settings(drafter=None, verifier=None, **settings) -> None:
+        """The plain settings' rules (also checked before any model loads: `viasd_adapters.checks`)."""
+        PearlConfig(**settings)
+
     def __init__(
         self,
         drafter: Drafter,

@@ -38,6 +38,8 @@ Two schedules (`PearlConfig.schedule`):
 
 from __future__ import annotations
 
+import multiprocessing
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +83,9 @@ class PearlConfig:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
         if self.timeout_s <= 0 or self.start_timeout_s <= 0:
             raise ValueError("timeout_s and start_timeout_s must be > 0")
+        methods = multiprocessing.get_all_start_methods()
+        if self.start_method not in methods:
+            raise ValueError(f"start_method must be one of {methods} on this system, got {self.start_method!r}")
 
 
 @dataclass

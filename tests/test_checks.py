@@ -1,0 +1,112 @@
+"""Bad settings fail before any model loads, with a message that names the fix (viasd_adapters.checks)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from viasd_adapters.checks import check_config
+from viasd_adapters.conf import CONFIG_DIR
+from viasd_adapters.sampling import Sampler, SamplingConfig
+
+
+def composed(config: str, overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name=config, overrides=overrides)
+
+
+BAD = [  # (command, overrides, what the error must say)
+    ("generate", ["max_new_tokens=0"], "max_new_tokens must be a whole number >= 1"),
+    ("generate", ["max_new_tokens=abc"], "max_new_tokens must be a whole number >= 1, got 'abc'"),
+    ("generate", ["max_new_tokens=2.5"], "max_new_tokens must be a whole number"),
+    ("generate", ["sampling.temperature=-1"], "temperature must be >= 0"),
+    ("generate", ["sampling.temperature=nan"], "temperature must be a finite number"),
+    ("generate", ["sampling.temperature=hot"], "temperature must be a finite number"),
+    ("generate", ["sampling.temperature=1e-40"], "so small that logits / temperature overflow"),
+    ("generate", ["sampling.top_p=0"], r"top_p must be in \(0, 1\]"),
+    ("generate", ["sampling.top_k=2.5"], "top_k must be a whole number"),
+    ("generate", ["sampling.seed=-3"], "seed must be a whole number >= 0"),
+    ("generate", ["prompt=' '"], "prompt is empty"),
+    ("generate", ["runtime.dtype=float64"], "dtype 'float64' is not one of"),
+    ("generate", ["runtime.device=gpu"], "is not a torch device"),
+    ("generate", ["framework=ar", "verifier=tiered"], "framework=ar .* takes no verifier.*framework=sd verifier=tiered"),
+    ("generate", ["verifier=full", "policy.tau_accept=0.5"], "no decoder of this run reads the policy.*verifier=tiered"),
+    ("generate", ["framework=ar", "policy=default"], "no decoder of this run reads the policy"),
+    ("generate", ["verifier=full", "routing=qwen2.5-coder-1.5b-2l"], "no decoder of this run reads the routing"),
+    ("generate", ["verifier=tiered", "verifier.policy=null", "policy.tau_slim=0.5"], "tiers are off"),
+    ("generate", ["verifier=tiered", "routing=none"], "skips no layer.*routing=qwen2.5-coder-1.5b-2l"),
+    ("generate", ["model_pair=smollm2-135m", "verifier=tiered", "routing=none"], "routing=smollm2-135m"),
+    ("generate", ["verifier=tiered", "policy.tau_accept=1.5"], r"tau_accept must be in \[0, 1\]"),
+    ("generate", ["verifier=tiered", "verifier.max_unverified=-1"], "max_unverified must be >= 0"),
+    ("generate", ["framework.decoder.num_draft_tokens=0"], "num_draft_tokens must be >= 1"),
+    ("generate", ["framework.decoder.num_draft_tokens=x"], "num_draft_tokens must be int"),
+    ("generate", ["+framework.decoder.windows=3"], "takes no setting 'windows'"),
+    ("generate", ["framework=pearl", "framework.decoder.start_method=fork-server"], "start_method must be one of"),
+    ("generate", ["framework=pearl", "framework.decoder.window_size=0"], "window_size must be >= 1"),
+    ("generate", ["framework=pearl", "framework.decoder.backend=gpu"], "backend must be one of"),
+    ("generate", ["framework=lookup", "framework.drafter.min_ngram=0"], "min_ngram"),
+    ("generate", ["verifier=faster-cascade", "verifier.alpha=-1"], "alpha must be >= 0"),
+    ("bench", ["repetitions=0"], "repetitions must be a whole number >= 1"),
+    ("bench", ["method=[ar,tiered]", "routing=none"], "tiered: the routing mask skips no layer"),
+    ("bench", ["method=[ar,sd]", "policy.tau_accept=0.5"], "no decoder of this run reads the policy"),
+    ("search", ["runtime.threads=0"], "runtime.threads must be a whole number >= 1"),
+]
+
+
+@pytest.mark.parametrize("command, overrides, message", BAD, ids=[" ".join(o) for _, o, _ in BAD])
+def test_bad_setting_is_refused_with_the_fix(command, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        check_config(composed(command, overrides), overrides)
+
+
+@pytest.mark.parametrize("overrides", [
+    [], ["framework=ar"], ["verifier=tiered"], ["verifier=tiered", "policy.tau_accept=0.5"],
+    ["verifier=tiered", "verifier.policy=null"], ["framework=pearl", "verifier=tiered", "routing=qwen2.5-coder-1.5b-2l"],
+    ["framework=lookup", "verifier=tiered-intermediate"], ["framework=cascade", "verifier=faster-cascade"],
+    ["model_pair=smollm2-135m", "framework=eagle"], ["sampling.temperature=0.7", "sampling.top_k=40", "sampling.top_p=0.9"],
+])
+def test_good_settings_pass(overrides):
+    check_config(composed("generate", overrides), overrides)
+
+
+def test_every_shipped_method_passes():
+    import pathlib
+
+    methods = sorted(p.stem for p in (pathlib.Path(CONFIG_DIR) / "method").glob("*.yaml"))
+    check_config(composed("bench", [f"method=[{','.join(methods)}]"]), [])
+
+
+def test_bad_settings_fail_before_any_model_loads(monkeypatch):
+    """On the 1.5B pair: the error comes from the check, not after minutes of loading."""
+    import viasd_adapters.models as models
+    from viasd_adapters.cli.generate import run
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the settings were checked")
+
+    monkeypatch.setattr(models, "load_model", load_model)
+    monkeypatch.setattr("viasd_adapters.pipeline.load_model", load_model)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        run(composed("generate", ["max_new_tokens=0"]))
+    with pytest.raises(ValueError, match="start_method"):
+        run(composed("generate", ["framework=pearl", "framework.decoder.start_method=fork-server"]))
+
+
+def test_the_console_script_reads_its_overrides(tmp_path):
+    """`@hydra.main` passes the command line to the check: an unused policy override is refused."""
+    out = subprocess.run(
+        [sys.executable, "-m", "viasd_adapters.cli.generate", "model_pair=tiny-random", "verifier=full",
+         "max_new_tokens=4", "policy.tau_accept=0.5"], capture_output=True, text=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},  # this checkout, not an installed copy
+    )
+    assert out.returncode != 0 and "no decoder of this run reads the policy" in out.stderr
+
+
+def test_a_temperature_that_overflows_these_logits_is_a_clear_error():
+    sampler = Sampler(SamplingConfig(temperature=1e-29))
+    with pytest.raises(ValueError, match="too small for these logits"):
+        sampler.probs(torch.tensor([1e10, 0.0, -5.0]))
+    assert sampler.probs(torch.tensor([3.0, 0.0, float("-inf")]))[0] == 1.0  # masked logits are fine
