@@ -50,11 +50,11 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] | None = None, identi
         _build("sampling", cfg.sampling)
     if "runtime" in cfg:
         check_runtime(cfg.runtime)
+    components = _components(cfg)
     if "model_pair" in cfg:
-        for role in ("target", "draft"):
+        for role in ("target", "draft") if components else ("target",):  # search & co. load the target only
             if cfg.model_pair.get(role) is not None:
                 _build(f"model_pair.{role}", cfg.model_pair[role])
-    components = _components(cfg)
     masks = []
     if "model_pair" in cfg and cfg.model_pair.get("target") is not None:
         from .conf import CONFIG_DIR

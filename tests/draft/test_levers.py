@@ -140,7 +140,10 @@ def test_vocabulary_round_trips_and_rejects_bad_input(tmp_path, tiny_draft):
 
 
 @pytest.mark.parametrize("kind", ["int8-weight", "int8-dynamic"])
-def test_int8_drafter_is_close_to_its_model_and_shares_the_rest(tiny_draft, kind):
+def test_int8_drafter_is_close_to_its_model_and_shares_the_rest(tiny_target, kind):
+    # the 0.02-perturbed tiny target: its argmax margins are wide enough for an int8 copy to keep
+    # 10 of 12 (the tiny pair's draft keeps 8-9: near-ties of a random model, not int8 error)
+    tiny_draft = perturbed(tiny_target.model, 0.02)
     before = {n: p.clone() for n, p in tiny_draft.state_dict().items()}
     q = quantized_copy(tiny_draft, kind)
     assert q.get_input_embeddings().weight is tiny_draft.get_input_embeddings().weight  # shared, not copied

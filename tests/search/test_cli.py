@@ -62,6 +62,11 @@ def test_search_writes_into_the_user_config_dir_and_resumes(tmp_path, prompts_fi
     out = search_cli.run(cfg)
     assert len(out.mask.skip_layers) == 2 and out.mask.num_layers == 4
     assert len(out.result.trials) == 2 + 3 + 4  # the sensitivity and greedy seeds, random, TPE
+    # greedy removal's mask of the budget is evaluated first, as a seed (so the search can never
+    # do worse than it on this text: that is no finding, and the provenance says it was a seed)
+    seeds = out.result.of_phase("seed")
+    assert out.baselines.greedy[-1].mask.skips in {t.mask.skips for t in seeds}
+    assert out.mask.provenance["seeds"] == ["sensitivity", "greedy"]
     assert out.installed == tmp_path / "user" / "routing" / "tiny-2l.yaml" and out.override == "routing=tiny-2l"
     assert sorted(p.relative_to(CONF) for p in Path(CONF).rglob("*.yaml")) == shipped  # the package is untouched
     installed = instantiate(OmegaConf.load(out.installed))

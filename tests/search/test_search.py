@@ -85,7 +85,8 @@ def test_search_finds_the_best_mask_and_beats_random():
     assert result.best.mask.skip_layers == optimum
     assert len(result.trials) == 50
     assert [t.phase for t in result.trials] == ["random"] * 10 + ["tpe"] * 40
-    assert result.best.loss <= min(t.loss for t in result.of_phase("random"))
+    # ... without trying every mask of the budget (56 here)
+    assert result.evaluations < len(list(itertools.combinations(range(8), 3)))
     assert result.best_so_far()[-1] == result.best.loss
     # Re-proposed masks are memo hits: fewer evaluations than trials.
     assert result.evaluations <= len(result.trials)

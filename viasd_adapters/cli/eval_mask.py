@@ -142,6 +142,9 @@ def _write(cfg: DictConfig, out: EvalOutput, heldout) -> Path:
              _row(f"random, median of {len(out.random)}", "same budget", out.random_median)]
     if out.greedy is not None:
         lines.append(_row("greedy removal", *out.greedy))
+        if "greedy" in (out.mask.provenance or {}).get("seeds", []):
+            lines += ["", "Greedy removal's mask was a seed of this mask's search, so the two are not independent: "
+                      "read no margin over greedy removal into this table."]
     if out.timing:
         lines += ["", "| forward | context | full ms | slim ms | slim/full (median ratio) |", "|---|---|---|---|---|"]
         for t in out.timing:

@@ -105,7 +105,8 @@ def run(cfg: DictConfig) -> SearchOutput:
     baseline_seconds = time.perf_counter() - begin
 
     out_dir = Path(cfg.out_dir)
-    result = run_search(objective, space, search_cfg, out_dir / "trials.pkl", seeds, progress=cfg.progress)
+    result = run_search(objective, space, search_cfg, out_dir / "trials.pkl", [m for _, m in seeds],
+                        progress=cfg.progress)
     best = result.best
     evaluation_seconds = sum(t.metrics.seconds for t in _unique(result.trials))
     provenance = {
@@ -131,6 +132,8 @@ def run(cfg: DictConfig) -> SearchOutput:
         "calibration_text": f"{session.calibration.description['split']} split, "
                             f"{len(session.calibration.texts)} texts, {session.calibration.num_scored} scored positions",
         "trials": {p: len(result.of_phase(p)) for p in ("seed", "random", "tpe")},
+        # greedy among them: the found mask cannot be worse than greedy removal on this text
+        "seeds": [kind for kind, _ in seeds],
         "trials_text": ", ".join(f"{len(result.of_phase(p))} {p}" for p in ("seed", "random", "tpe")),
         "evaluations": len(_unique(result.trials)),
         # What the trials' masks cost to evaluate (cache hits counted at their original cost),
@@ -203,10 +206,10 @@ def _unique(trials):
     return out
 
 
-def _seed_masks(kinds: list[str], space: MaskSpace, baselines: Baselines, cost: str) -> list[RoutingMask]:
-    """Known masks the search evaluates first: "sensitivity" (the least sensitive blocks), "greedy"
-    (greedy removal's mask of the budget, when greedy removal ran that far) and "routing:<name>"
-    (a mask in conf/routing/, e.g. the one a KL search found, to compare under another cost)."""
+def _seed_masks(kinds: list[str], space: MaskSpace, baselines: Baselines, cost: str) -> list[tuple[str, RoutingMask]]:
+    """(kind, mask) of the known masks the search evaluates first: "sensitivity" (the least sensitive
+    blocks), "greedy" (greedy removal's mask of the budget, when greedy removal ran that far) and
+    "routing:<name>" (a mask in conf/routing/, e.g. the one a KL search found, to compare under another cost)."""
     seeds = []
     for kind in kinds:
         if kind == "sensitivity":
@@ -217,13 +220,13 @@ def _seed_masks(kinds: list[str], space: MaskSpace, baselines: Baselines, cost: 
                 table = {"layer": baselines.sensitivity.layer, "attention": baselines.sensitivity.attention,
                          "mlp": baselines.sensitivity.mlp}[block]
                 scores[label] = -table[i].cost(cost)  # the least sensitive blocks score highest
-            seeds.append(space.decode(scores))
+            seeds.append((kind, space.decode(scores)))
         elif kind == "greedy":
             step = baselines.greedy_at(int(space.budget.amount)) if space.budget.unit == "layers" else None
             if step is None:
                 logger.info('seed "greedy" skipped: it needs a layer budget and search.baselines.greedy >= the budget')
                 continue
-            seeds.append(step.mask)
+            seeds.append((kind, step.mask))
         elif kind.startswith("routing:"):  # a shipped mask, e.g. one found under another cost
             path = Path(CONFIG_DIR) / "routing" / f"{kind.split(':', 1)[1]}.yaml"
             if not path.is_file():
@@ -231,7 +234,7 @@ def _seed_masks(kinds: list[str], space: MaskSpace, baselines: Baselines, cost: 
             mask = RoutingMask.from_yaml(path)
             if space.decode(space.encode(mask)).skips != mask.skips:
                 raise ValueError(f"seed {kind!r} ({mask.describe()}) does not fit the search's budget and candidates")
-            seeds.append(mask)
+            seeds.append((kind, mask))
         else:
             raise ValueError(f"unknown seed {kind!r}: use 'sensitivity', 'greedy' or 'routing:<name>'")
     return seeds

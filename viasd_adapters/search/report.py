@@ -95,7 +95,9 @@ def write_report(out_dir: Path, mask: RoutingMask, result: SearchResult, baselin
               "| mask | skipped | KL(q‖u) | top-1 agreement |", "|---|---|---|---|",
               f"| **found (DIMR)** | {mask.describe()} | {_fmt(best.metrics)} |"]
     if greedy is not None:
-        lines.append(f"| greedy removal | {greedy.mask.describe()} | {_fmt(greedy.metrics)} |")
+        seeded = "greedy" in (provenance.get("seeds") or [])
+        name = "greedy removal (a seed: the search cannot do worse here)" if seeded else "greedy removal"
+        lines.append(f"| {name} | {greedy.mask.describe()} | {_fmt(greedy.metrics)} |")
     random = [t.metrics for t in result.of_phase("random")]
     if random:
         s = random_summary(random)
