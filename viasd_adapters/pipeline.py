@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
@@ -67,16 +67,22 @@ def _with_models(node: DictConfig, pair: ModelPair) -> dict:
     return models
 
 
+def takes_verifier(framework: DictConfig) -> bool:
+    """Whether the framework's decoder is built with a `verifier` (AR, for one, is not)."""
+    cls = get_class(framework.decoder._target_)
+    return "verifier" in inspect.signature(cls).parameters
+
+
 def build_decoder(framework: DictConfig, verifier: DictConfig, pair: ModelPair) -> Decoder:
     """Build `framework` around the loaded pair.
 
     A framework with a `drafter` gets `drafter=` and `verifier=` (built from `verifier`, with
     `target=` the pair's target); one without (AR) gets the bare `target=` model, and the verifier
-    too when it drafts for itself and verifies with the configured rule (`takes_verifier`: EAGLE).
+    too when its decoder takes one (it drafts for itself and verifies with the configured rule: EAGLE).
     Inside the drafter and verifier configs, "pair.draft" / "pair.target" stand for the loaded models.
     """
     if framework.drafter is None:
-        if framework.get("takes_verifier", False):
+        if takes_verifier(framework):
             built = instantiate(verifier, target=pair.target.model, **_with_models(verifier, pair))
             return instantiate(framework.decoder, target=pair.target.model, verifier=built)
         return instantiate(framework.decoder, target=pair.target.model)

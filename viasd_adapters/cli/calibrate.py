@@ -10,7 +10,6 @@ selects it; the command prints that override. It never writes into the installed
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +19,8 @@ from ..checks import check_config
 from ..pipeline import encode_prompt, load_pair, uses_draft_model
 from ..search.calibration import PromptSource, select_prompts
 from ..search.thresholds import ThresholdResult, choose, evaluate_thresholds, write_policy
-from . import CONFIG_DIR, apply_routing_file, check_prompt_sources, entry_point, set_threads
+from ..conf import result_option
+from . import apply_routing_file, check_prompt_sources, entry_point, set_threads
 
 logger = logging.getLogger(__name__)
 
@@ -37,12 +37,7 @@ class CalibrationOutcome:
 def policy_name(cfg: DictConfig) -> str:
     """The policy option the result is written as: `output_name`, else <model_pair>-calibrated."""
     name = str(cfg.output_name or f"{cfg.model_pair.name}-calibrated")
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise ValueError(f"output_name={name!r}: use letters, digits, '.', '_' and '-' (it becomes policy=<name>)")
-    if not cfg.policy_dir and (Path(CONFIG_DIR) / "policy" / f"{name}.yaml").exists():
-        raise ValueError(f"output_name={name!r} is a policy shipped with the package, which policy={name} would"
-                         " still select: pick another output_name")
-    return name
+    return result_option("output_name", name, "policy", bool(cfg.policy_dir))
 
 
 def run(cfg: DictConfig) -> CalibrationOutcome:

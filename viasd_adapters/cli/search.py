@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import logging
-import re
 import shutil
 import sys
 import time
@@ -27,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..checks import check_config
 from ..models import load_model
+from ..conf import result_option
 from . import CONFIG_DIR, check_prompt_sources, entry_point, set_threads
 from ..routing import RoutingMask
 from ..bench.costmodel import LatencyProfile
@@ -179,12 +179,7 @@ def run(cfg: DictConfig) -> SearchOutput:
 def mask_name(cfg: DictConfig) -> str:
     """The routing option the mask is written as: `mask_name`, else <target>-<search.name>."""
     name = str(cfg.mask_name or f"{Path(str(cfg.model_pair.target.name)).name}-{cfg.search.name}")
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise ValueError(f"mask_name={name!r}: use letters, digits, '.', '_' and '-' (it becomes routing=<name>)")
-    if not cfg.routing_dir and (Path(CONFIG_DIR) / "routing" / f"{name}.yaml").exists():
-        raise ValueError(f"mask_name={name!r} is a mask shipped with the package, which routing={name} would"
-                         " still select: pick another mask_name")
-    return name
+    return result_option("mask_name", name, "routing", bool(cfg.routing_dir))
 
 
 def _block(label: str) -> tuple[str, int]:

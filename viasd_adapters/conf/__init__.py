@@ -9,6 +9,7 @@ package's: pick new names.
 """
 
 import os
+import re
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -23,6 +24,20 @@ def user_config_dir() -> Path:
         return Path(os.environ["VIASD_CONFIG_DIR"]).expanduser().resolve()
     base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
     return (Path(base).expanduser() / "viasd-adapters" / "conf").resolve()
+
+
+def result_option(key: str, name: str, group: str, custom_dir: bool) -> str:
+    """Check `name`, under which a command writes its result as `<group>=<name>` (`key` sets it).
+
+    Unless the result goes to a directory of the user's choosing (`custom_dir`), a name the
+    package already ships is refused: Hydra would still select the package's file.
+    """
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise ValueError(f"{key}={name!r}: use letters, digits, '.', '_' and '-' (it becomes {group}=<name>)")
+    if not custom_dir and (Path(CONFIG_DIR) / group / f"{name}.yaml").exists():
+        raise ValueError(f"{key}={name!r} is a {group} config shipped with the package, which {group}={name}"
+                         f" would still select: pick another {key}")
+    return name
 
 
 # The primary configs name it `${viasd.user_config_dir:}` in `hydra.searchpath`; registering is
