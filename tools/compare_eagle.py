@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from viasd_adapters.bench import splits  # noqa: E402
 from viasd_adapters.bench.tasks import read_prompts_file
 from viasd_adapters.hosts.eagle import ea_model_from_target
 from viasd_adapters.hosts.eagle.adapter import SHIPPED_HEADS, EagleDecoder, resolve_head
@@ -33,13 +34,13 @@ CATEGORIES = ["writing", "coding", "translation", "summarization", "qa", "math_r
 def prompts(path: str, per_category: int, max_tokens: int, loaded) -> list[tuple[str, torch.Tensor]]:
     rows = read_prompts_file(path)
     out = []
-    for c in CATEGORIES:
-        for r in [r for r in rows if r["category"] == c][:per_category]:  # the benchmark's split: the first ones
-            text = r["turns"][0]
-            ids = loaded.tokenizer(text, add_special_tokens=False).input_ids
-            if len(ids) > max_tokens:
-                text = loaded.tokenizer.decode(ids[:max_tokens])
-            out.append((f"{c}/{r['question_id']}", encode_prompt(loaded, text)))
+    groups = splits.evaluation(splits.by_category(rows, lambda row: row["category"], CATEGORIES), per_category)
+    for r in (r for group in groups for r in group):  # the benchmark's split: the first ones
+        text = r["turns"][0]
+        ids = loaded.tokenizer(text, add_special_tokens=False).input_ids
+        if len(ids) > max_tokens:
+            text = loaded.tokenizer.decode(ids[:max_tokens])
+        out.append((f"{r['category']}/{r['question_id']}", encode_prompt(loaded, text)))
     return out
 
 

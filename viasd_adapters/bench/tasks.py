@@ -19,11 +19,11 @@ import importlib.resources
 import json
 import logging
 from abc import ABC, abstractmethod
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import splits
 from .metrics import QUALITY_METRICS
 
 logger = logging.getLogger(__name__)
@@ -164,18 +164,9 @@ def first_reference(reference: str | list | None) -> str | list[str] | None:
 
 
 def take(prompts: list[Prompt], categories: list[str] | None, limit: int | None) -> list[Prompt]:
-    """Keep the listed categories (in that order) and the first `limit` prompts of each."""
-    by_category: dict[str, list[Prompt]] = defaultdict(list)
-    for prompt in prompts:
-        by_category[prompt.category].append(prompt)
-    if categories is None:
-        categories = list(by_category)
-    unknown = [c for c in categories if c not in by_category]
-    if unknown:
-        raise ValueError(f"categories {unknown} are not in the prompts; available: {sorted(by_category)}")
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit must be >= 1 prompts per category (or null for all), got {limit}")
-    return [p for c in categories for p in by_category[c][:limit]]
+    """Keep the listed categories (in that order) and their evaluation split: the first `limit`."""
+    groups = splits.by_category(prompts, lambda prompt: prompt.category, categories)
+    return [p for group in splits.evaluation(groups, limit) for p in group]
 
 
 class JsonlTask(Task):

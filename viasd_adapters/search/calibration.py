@@ -7,7 +7,8 @@ scored. Generating it is the expensive part, so the token ids are cached on disk
 Which prompts: the benchmark (`viasd-bench`, conf/task/) decodes the *first* prompts of each
 category in file order. Calibration takes prompts from the *end* of each category instead:
 split "calibration" takes the last `per_category` prompts of each category, split "heldout"
-(for `viasd-eval-mask`) the `per_category` before those, round-robin over the categories.
+(for `viasd-eval-mask`) the `per_category` before those, round-robin over the categories
+(`bench/splits.py` owns these rules).
 With the default config (per_category 2; 6 Spec-Bench prompts over coding, translation,
 summarization, qa, math_reasoning, writing; 2 HumanEval) that is question_id 130, 240, 320, 400,
 480, 90 and HumanEval/163, /162 (calibration) and 128, 238, 318, 398, 478, 88 and
@@ -20,13 +21,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from ..bench import splits
 from ..bench.tasks import read_prompts_file
 from ..decode import AutoregressiveDecoder
 from ..models import LoadedModel
@@ -35,7 +36,7 @@ from ..sampling import SamplingConfig
 
 logger = logging.getLogger(__name__)
 
-SPLITS = ("calibration", "heldout")
+SPLITS = splits.FROM_END
 HUMANEVAL_INSTRUCTION = "Complete the following Python function."  # as conf/task/humaneval.yaml
 
 
@@ -103,25 +104,6 @@ class CalibrationSet:
         return sum(len(t.ids) for t in self.texts)
 
 
-def _from_end(rows: list[dict], per_category: int, split: str, categories: list[str] | None) -> list[list[dict]]:
-    """Per category (in order): the prompts of `split`, counted from the end of the category."""
-    by_category: dict[str, list[dict]] = defaultdict(list)
-    for row in rows:
-        by_category[row["category"]].append(row)
-    order = categories or list(by_category)
-    unknown = [c for c in order if c not in by_category]
-    if unknown:
-        raise ValueError(f"categories {unknown} are not in the prompts; available: {sorted(by_category)}")
-    skip = SPLITS.index(split) * per_category
-    picked = []
-    for c in order:
-        group = by_category[c]
-        if len(group) < skip + per_category + 1:
-            raise ValueError(f"category {c!r} has {len(group)} prompts: too few to hold out {skip + per_category}")
-        picked.append(list(reversed(group[len(group) - skip - per_category : len(group) - skip])))
-    return picked
-
-
 def select_prompts(source: PromptSource, split: str, per_category: int) -> list[tuple[str, str]]:
     """(prompt id, user message) pairs of `split`, round-robin over categories."""
     if source.kind == "spec_bench":
@@ -137,8 +119,8 @@ def select_prompts(source: PromptSource, split: str, per_category: int) -> list[
              "text": f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{p['prompt']}```"}
             for p in read_problems().values()
         ]
-    groups = _from_end(rows, per_category, split, source.categories)
-    chosen = [row for rank in range(per_category) for group in groups if rank < len(group) for row in [group[rank]]]
+    groups = splits.by_category(rows, lambda row: row["category"], source.categories)
+    chosen = splits.round_robin(splits.from_end(groups, split, per_category, lambda i: groups[i][0]["category"]))
     if len(chosen) < source.num_prompts:
         raise ValueError(
             f"{source.kind}: {source.num_prompts} prompts asked, the {split} split holds {len(chosen)} "

