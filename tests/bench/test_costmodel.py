@@ -31,6 +31,15 @@ def test_fit_without_layers_is_a_line_in_tokens():
     assert (fitted.a, fitted.b, fitted.c, fitted.d) == pytest.approx((40.0, 0.0, 2.0, 0.0))
 
 
+def test_fit_of_noisy_timings_never_prices_a_forward_below_zero():
+    # A busy host: the 1-token forward was slowed, so a free line through these points falls with
+    # tokens (negative per-token cost) and would predict negative ms for long blocks.
+    noisy = [Measurement("draft", 24, n, 64, ms, 3) for n, ms in [(1, 90.0), (2, 60.0), (4, 50.0), (8, 45.0)]]
+    fitted = fit_line(noisy, with_layers=True)
+    assert min(fitted.a, fitted.b, fitted.c, fitted.d) >= 0
+    assert fitted.ms(64, 24) > 0
+
+
 def _profile() -> LatencyProfile:
     # target: 10 + 2 ms per layer per call, 0.5 ms per token; draft: 30 ms per call, 1 ms per token
     decode = {"target": Line(a=10.0, b=2.0, c=0.5), "draft": Line(a=30.0, c=1.0)}

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from scipy.optimize import nnls
 import torch
 
 ROLES = ("target", "draft", "slim")  # `DecodeStats.model_calls` keys the model prices
@@ -88,7 +89,10 @@ def from_profile_entries(entries, target: str, draft: str | None, num_layers: in
 
 
 def fit_line(points: list[Measurement], with_layers: bool) -> Line:
-    """Least-squares `Line` through measurements (ms against tokens, and layers when asked)."""
+    """Least-squares `Line` through measurements (ms against tokens, and layers when asked).
+
+    Non-negative: every term is a cost, and an unconstrained fit to noisy timings (a busy host)
+    can price a forward below zero."""
     if not points:
         raise ValueError("no measurements to fit")
     n = np.array([p.tokens for p in points], dtype=float)
@@ -98,7 +102,7 @@ def fit_line(points: list[Measurement], with_layers: bool) -> Line:
         X = np.stack([np.ones_like(n), l, n, n * l], axis=1)
     else:
         X = np.stack([np.ones_like(n), n], axis=1)
-    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    coef, _ = nnls(X, y)
     if with_layers:
         return Line(*map(float, coef))
     return Line(a=float(coef[0]), c=float(coef[1]))

@@ -53,7 +53,7 @@ class PromptSplit:
     are left out entirely.
     """
 
-    spec_bench: str | None = "../shared/data/spec_bench/question.jsonl"  # Spec-Bench JSONL (cwd, then repo root); None: skip
+    spec_bench: str | None = None  # Spec-Bench question.jsonl (relative: from the working directory); None: skip
     categories: list[str] = field(default_factory=lambda: ["translation", "summarization", "qa", "math_reasoning"])
     first_excluded: int = 40  # per category: the first ones are the evaluation split
     last_excluded: int = 4  # per category: the last ones are DIMR's calibration / held-out prompts
