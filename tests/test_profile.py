@@ -60,6 +60,17 @@ def test_the_intel_profile_chooses_sd_in_bf16_and_the_amd_one_greedy_ar():
         choose_configuration(INTEL, D, T, acceptance=0.8, threads=1)
 
 
+def test_a_speedup_is_over_the_fastest_ar_not_ar_in_the_chosen_dtype():
+    # fp32 verifies cheaply here but steps slower than bf16: the fp32 SD choice must be priced
+    # against bf16 AR (200 ms), not against fp32 AR (300 ms).
+    p = profile_of({(T, "bfloat16"): {1: 200, 2: 400}, (D, "bfloat16"): {1: 20},
+                    (T, "float32"): {1: 300, 2: 300}})
+    choice = choose_configuration(p, D, T, acceptance=0.9, threads=2, draft_dtypes=["bfloat16"], k_max=1)
+    assert (choice.framework, choice.dtype) == ("sd", "float32")
+    assert choice.ar_tokens_per_second == pytest.approx(5.0)
+    assert choice.expected_speedup == pytest.approx(choice.expected_tokens_per_second / 5.0)
+
+
 def test_the_choice_takes_the_faster_thread_count():
     # A busy host: two threads are slower than one (a 2-thread op waits for its slower thread).
     busy = LatencyProfile(entries=INTEL.entries + profile_of(

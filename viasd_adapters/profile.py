@@ -330,9 +330,9 @@ class Choice:
     dtype: str  # the target's dtype
     draft_dtype: str | None
     num_draft_tokens: int  # K (0 for AR)
-    expected_speedup: float  # over AR in the same target dtype and threads
+    expected_speedup: float  # over the fastest AR (any dtype) at the same threads
     expected_tokens_per_second: float  # from the profile's costs and the assumed acceptance
-    ar_tokens_per_second: float  # AR in the same dtype and threads
+    ar_tokens_per_second: float  # the fastest AR (any dtype) at the same threads
     threads: int
     acceptance: float  # the per-token acceptance a assumed
 
@@ -342,7 +342,7 @@ class Choice:
         return (
             f"SD, target {self.dtype}, draft {self.draft_dtype}, K = {self.num_draft_tokens} at first"
             f" (adapted to the observed acceptance), {self.threads} thread{'s' if self.threads > 1 else ''}: expected"
-            f" {self.expected_speedup:.2f}x AR at a = {self.acceptance:.2f}"
+            f" {self.expected_speedup:.2f}x the fastest AR at a = {self.acceptance:.2f}"
         )
 
 
@@ -370,15 +370,19 @@ def choose_configuration(
     for t in [threads] if isinstance(threads, int) else list(threads):
         targets = [d for d in dtypes if profile.has(target, d, t)]
         drafts = [d for d in draft_dtypes if profile.has(draft, d, t)]
+        if not targets:
+            continue
+        # Speedups are over the fastest AR at these threads, whatever its dtype: a configuration
+        # that only beats AR in a slow dtype is no gain.
+        fastest_ar = max(1000.0 / profile.ms(target, d, t, 1, context) for d in targets)
         for dtype in targets:
-            step_ms = profile.ms(target, dtype, t, 1, context)
-            ar = 1000.0 / step_ms
-            options = [Choice("ar", dtype, None, 0, 1.0, ar, ar, t, acceptance)]
+            ar = 1000.0 / profile.ms(target, dtype, t, 1, context)
+            options = [Choice("ar", dtype, None, 0, ar / fastest_ar, ar, fastest_ar, t, acceptance)]
             for draft_dtype in drafts:
                 costs = profile.draft_costs(draft, target, dtype, draft_dtype, t, context, k_max + 1)
                 k = best_draft_length(acceptance, costs, k_max)
-                s = expected_speedup(acceptance, k, costs)
-                options.append(Choice("sd", dtype, draft_dtype, k, s, s * ar, ar, t, acceptance))
+                speed = expected_speedup(acceptance, k, costs) * ar
+                options.append(Choice("sd", dtype, draft_dtype, k, speed / fastest_ar, speed, fastest_ar, t, acceptance))
             for option in options:
                 if best is None or option.expected_tokens_per_second > best.expected_tokens_per_second:
                     best = option
