@@ -60,7 +60,7 @@ def test_policies_instantiate(policy):
     assert isinstance(instantiate(cfg.policy), TierPolicy)
 
 
-@pytest.mark.parametrize("framework", ["ar", "sd", "lookup", "cascade", "sd-confident", "sd-vocab", "sd-int8", "sd-fast"])
+@pytest.mark.parametrize("framework", ["ar", "sd", "lookup", "cascade", "sd-confident", "sd-vocab", "sd-int8", "sd-fast", "sd-adaptive-int8"])
 @pytest.mark.parametrize("verifier", ["full", "tiered", "tiered-intermediate", "faster-cascade"])
 def test_decoders_build_and_decode_on_the_tiny_pair(framework, verifier):
     from viasd_adapters.cli.generate import run

@@ -32,14 +32,14 @@ CASCADE_SD = "Cascade SD"
 class SweepConfig:
     """Which points the frontier runs (method names are files in conf/method/)."""
 
-    references: list[str] = field(default_factory=lambda: ["ar", "sd"])  # run as they are; the first is the baseline
-    via_sd: str = "tiered-reuse"  # the VIA-SD method every mask and threshold pair is applied to
+    references: list[str] = field(default_factory=lambda: ["ar", "sd-fast"])  # run as they are; the first is the baseline, the second the host
+    via_sd: str = "tiered-fast"  # the VIA-SD method every mask and threshold pair is applied to
     masks: list[str] = field(default_factory=list)  # routing configs (conf/routing/<name>.yaml)
     thresholds: list[list[float]] = field(default_factory=list)  # (tau_accept, tau_slim) pairs
     random_thresholds: list[float] | None = None  # random skipping at a mask's budget, at these thresholds
     random_masks: list[str] | None = None  # the masks whose budget random skipping gets; None: every mask
     random_seed: int = 0  # seed of the random masks
-    faster_cascade: str = "faster-cascade"  # the method each alpha is applied to
+    faster_cascade: str = "faster-cascade-fast"  # the method each alpha is applied to
     alphas: list[float] = field(default_factory=list)  # Faster Cascades' deferral parameter
     cascade: str | None = "cascade"  # Cascade SD (lossless; one point)
     intermediate: str | None = "lookup-intermediate"  # the independent middle model (one point)

@@ -15,12 +15,15 @@ already decoded. None of it changes which tokens a lossless verifier commits, on
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 def expected_tokens_per_round(a: float, k: int) -> float:
@@ -173,15 +176,24 @@ class AdaptiveDraftLength(DraftLength):
         context: int = 256,
         profile_path: str | None = None,
         device: str = "cpu",
+        fallback_costs: dict | None = None,
         **kwargs,
     ) -> AdaptiveDraftLength:
         """Costs of (draft, target) in these dtypes from this machine's cached latency profile
         (`viasd-profile` measures it), at the thread count each generation runs with; `kwargs`
-        go to the constructor. Fails at once when the profile is missing."""
+        go to the constructor. When the cached profile is missing or lacks these models:
+        `fallback_costs` (`DraftCosts` fields) with a warning, or, when none are given, an error
+        at once, before any decoding. A profile named by `profile_path` must have them."""
         from ..profile import load_profile  # the profile module loads models; keep this one light
 
-        profile = load_profile(profile_path, device)
         k_max = kwargs.get("k_max", 8)
-        costs = lambda threads: profile.draft_costs(draft, target, dtype, draft_dtype, threads, context, k_max + 1)  # noqa: E731
-        costs(torch.get_num_threads())  # a missing entry fails here, before any decoding
+        try:
+            profile = load_profile(profile_path, device)
+            costs = lambda threads: profile.draft_costs(draft, target, dtype, draft_dtype, threads, context, k_max + 1)  # noqa: E731
+            costs(torch.get_num_threads())  # a missing entry fails here, before any decoding
+        except (FileNotFoundError, KeyError) as error:
+            if fallback_costs is None or profile_path is not None:
+                raise
+            logger.warning("%s; until then drafting assumes the costs %s", error, fallback_costs)
+            return cls(DraftCosts(**fallback_costs), **kwargs)
         return cls(costs, **kwargs)
