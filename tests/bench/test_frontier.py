@@ -41,7 +41,7 @@ def test_shipped_config_composes_and_every_point_builds_its_config():
     sweep = instantiate(cfg.sweep, _convert_="all")
     points = build_points(sweep, cfg.method, load_routing(sweep.masks))
     names = [p.name for p in points]
-    assert names[:2] == ["ar", "sd-fast"]  # the host is the fastest lossless SD configuration
+    assert names[:2] == ["ar", "sd-adaptive-int8"]  # the host is the fastest lossless SD configuration
     n_masks, n_thr = len(sweep.masks), len(sweep.thresholds)
     assert sum(p.kind == "via-sd" for p in points) == n_masks * n_thr
     assert sum(p.kind == "random" for p in points) == len(sweep.random_masks or sweep.masks)
@@ -169,7 +169,7 @@ def test_frontier_runs_in_chunks_resumes_and_reports_on_the_tiny_pair(tmp_path):
     lines = lambda task: (out / f"records-{task}.jsonl").read_text().splitlines()  # noqa: E731
     run(math_only)
     points = json.loads((out / "points.json").read_text())
-    assert len(lines("math")) == len(points) == 6  # ar, sd-fast, via-sd, random, faster-cascade, intermediate
+    assert len(lines("math")) == len(points) == 6  # ar, sd-adaptive-int8, via-sd, random, faster-cascade, intermediate
     assert not (out / "records-text.jsonl").exists()
     stamp = (out / "records-math.jsonl").stat().st_mtime_ns
     run(one_prompt)  # math is complete; one of text's two prompts
@@ -239,5 +239,5 @@ def test_gated_point_is_calibrated_on_calibration_prompts_and_run(tmp_path):
     assert choice["blocks"] > 0 and 0.0 <= choice["min_confidence"] <= 1.0
     assert 0 < choice["slim_ratio"] and 0 < choice["escalate_ratio"]
     names = [p["name"] for p in json.loads((out / "points.json").read_text())]
-    assert names == ["ar", "sd-fast", "via-sd[1l]@0.5/0.3", "via-sd[1l]@0.5/0.3+gate"]
+    assert names == ["ar", "sd-adaptive-int8", "via-sd[1l]@0.5/0.3", "via-sd[1l]@0.5/0.3+gate"]
     assert "via-sd[1l]@0.5/0.3+gate" in markdown

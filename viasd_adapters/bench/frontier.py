@@ -32,7 +32,7 @@ CASCADE_SD = "Cascade SD"
 class SweepConfig:
     """Which points the frontier runs (method names are files in conf/method/)."""
 
-    references: list[str] = field(default_factory=lambda: ["ar", "sd-fast"])  # run as they are; the first is the baseline, the second the host
+    references: list[str] = field(default_factory=lambda: ["ar", "sd-adaptive-int8"])  # run as they are; the first is the baseline, the second the host
     via_sd: str = "tiered-fast"  # the VIA-SD method every mask and threshold pair is applied to
     masks: list[str] = field(default_factory=list)  # routing configs (conf/routing/<name>.yaml)
     thresholds: list[list[float]] = field(default_factory=list)  # (tau_accept, tau_slim) pairs
