@@ -9,7 +9,7 @@ from tests.conftest import exact_marginals, perturbed, tiny
 from tests.decode.test_loops import PROMPT
 from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
 from viasd_adapters.draft import ModelDrafter
-from viasd_adapters.models.quantize import quantized_copy
+from viasd_adapters.models.quantize import Int8WeightLinear, quantized_copy
 from viasd_adapters.models.vocab import DraftVocabulary, ReducedHead, count_tokens
 from viasd_adapters.sampling import Sampler, SamplingConfig
 from viasd_adapters.verify import LosslessVerifier
@@ -150,10 +150,24 @@ def test_int8_drafter_is_close_to_its_model_and_shares_the_rest(tiny_target, kin
     assert not any(isinstance(m, torch.nn.Linear) for m in q.modules())
     for n, p in tiny_draft.state_dict().items():  # the original is untouched
         assert torch.equal(p, before[n]), n
+    for m in q.modules():  # the int8 kernel on the whole prompt, not only on decode-sized inputs
+        if isinstance(m, Int8WeightLinear):
+            m.max_rows = PROMPT.numel()
     with torch.no_grad():
         a, b = q(PROMPT).logits[0], tiny_draft(PROMPT).logits[0]  # [T, V]
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.8
     assert not torch.equal(a, b)
+
+
+def test_int8_weight_linear_goes_dense_above_its_row_limit():
+    linear = torch.nn.Linear(64, 32).to(torch.bfloat16)
+    q = Int8WeightLinear(linear, max_rows=4)
+    assert q.dense_weight is linear.weight  # shared, not copied
+    few, many = torch.randn(1, 4, 64, dtype=torch.bfloat16), torch.randn(1, 5, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(q(many), linear(many))  # a prompt: the dense kernel
+        int8, dense = q(few), linear(few)  # a decode step: the int8 kernel, close to dense
+    assert not torch.equal(int8, dense) and torch.allclose(int8, dense, atol=0.1, rtol=0.05)
 
 
 @pytest.mark.parametrize("kind", ["int8-weight", "int8-dynamic"])

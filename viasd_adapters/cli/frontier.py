@@ -154,11 +154,11 @@ def measure_costs(cfg: DictConfig, out_dir: Path, pair, routing: dict[str, DictC
     masks = {name: instantiate(node, _convert_="all") for name, node in routing.items()}
     costs_path = out_dir / "slim_costs.json"
     if not costs_path.is_file():
-        K = int(cfg.method[cfg.sweep.via_sd].framework.decoder.num_draft_tokens)
         costs = {}
         for name, mask in masks.items():
             assert isinstance(mask, RoutingMask)
-            costs[name] = measure_cost_ratio(pair.target.model, mask, context_ids, K + 1, repetitions=7).to_dict()
+            costs[name] = measure_cost_ratio(pair.target.model, mask, context_ids, int(cfg.profile.block_tokens),
+                                             repetitions=7).to_dict()
         costs_path.write_text(json.dumps(costs, indent=1))
     profile_path = out_dir / "profile.json"
     if not profile_path.is_file():
@@ -188,7 +188,7 @@ def calibrate_gates(cfg: DictConfig, out_dir: Path, pair, points) -> list:
         if point.name not in gates:
             mask = instantiate(point.verifier.slim.mask, _convert_="all")
             assert isinstance(mask, RoutingMask)
-            expected = ExpectedCost(profile, share, block=int(point.framework.decoder.num_draft_tokens),
+            expected = ExpectedCost(profile, share, block=int(cfg.profile.block_tokens) - 1,  # K drafts + 1
                                     share_prefix=bool(point.verifier.get("share_prefix", False)))
             slim_ratio, escalate_ratio = expected.ratios(mask, L)
             choice = calibrate_gate(pair, point.framework, point.verifier, prompts, cfg.gate.max_new_tokens,
