@@ -195,7 +195,7 @@ class PointSummary:
     slim_per_token: float  # pooled slim forwards per generated token
     slim_cost: float | None  # measured ms of a slim forward / a full forward of the same block size
     speedup_vs_ar: float | None  # median of per-record ratios (same prompt and repetition)
-    speedup_vs_sd: float | None
+    speedup_vs_host: float | None
     agreement: float  # mean token match with the baseline (AR: the target's greedy output)
     exact: float  # share of generations identical to the baseline's
     quality: dict[str, float] = field(default_factory=dict)  # metric -> mean over its scorable records
@@ -244,7 +244,7 @@ def summarize(records: list[dict], points: list[Point], slim_costs: dict[str, fl
             slim_per_token=calls(slim) / tokens if tokens else 0.0,
             slim_cost=(slim_costs or {}).get(point.mask) if point.mask else None,
             speedup_vs_ar=_median([r.get("speedup_vs_baseline") for r in rs]),
-            speedup_vs_sd=_median([r.get("speedup_vs_host") for r in rs]),
+            speedup_vs_host=_median([r.get("speedup_vs_host") for r in rs]),
             agreement=statistics.fmean(r["token_match_vs_baseline"] for r in rs),
             exact=statistics.fmean(r["exact_match_vs_baseline"] for r in rs),
             quality={m: statistics.fmean(v) for m, v in quality.items()},
@@ -318,12 +318,12 @@ def points_table(summaries: list[PointSummary], baseline: str = "ar", min_agreem
     ref = next(s for s in summaries if s.name == baseline)
     metrics = sorted({m for s in summaries for m in s.quality})
     head = ["point", "family", "rejection rate", "tokens/round", "full fwd/token", "slim fwd/token",
-            "slim cost (x full)", "speedup vs ar", "speedup vs sd", "agreement", "exact"]
+            "slim cost (x full)", "speedup vs ar", "speedup vs host", "agreement", "exact"]
     head += [f"{m} (n)" for m in metrics] + ["matched"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summaries:
         row = [s.name, s.family, _f(s.rejection_rate, "{:.3f}"), _f(s.tokens_per_round), _f(s.full_per_token, "{:.3f}"),
-               _f(s.slim_per_token, "{:.3f}"), _f(s.slim_cost), _f(s.speedup_vs_ar), _f(s.speedup_vs_sd),
+               _f(s.slim_per_token, "{:.3f}"), _f(s.slim_cost), _f(s.speedup_vs_ar), _f(s.speedup_vs_host),
                _f(s.agreement, "{:.3f}"), _f(s.exact)]
         for m in metrics:
             value = s.quality.get(m)

@@ -26,6 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..bench import costmodel
 from ..bench.frontier import (
+    CASCADE_SD,
+    FASTER_CASCADES,
     SweepConfig,
     build_points,
     comparison_table,
@@ -70,7 +72,7 @@ def read_records(out_dir: Path) -> list[dict]:
 
 def _subtitle(cfg: DictConfig, records: list[dict]) -> str:
     cpu = costmodel.cpu_name()
-    threads = records[0].get("torch_threads") if records else cfg.threads
+    threads = records[0].get("threads") if records else cfg.threads
     return (f"{cfg.model_pair.name}, {cfg.runtime.dtype}, greedy; {cpu}, {threads} torch threads for every"
             f" method; {len({(r['task'], r['prompt_id']) for r in records})} prompts, measured")
 
@@ -85,7 +87,9 @@ def write_report(cfg: DictConfig, out_dir: Path, points) -> str:
     summaries = summarize(records, points, {k: v["ratio"] for k, v in slim_costs.items()},
                           cfg.roles.full, cfg.roles.slim)
     baseline = points[0].name
-    comparisons = matched_comparison(summaries, baseline, cfg.min_agreement, cfg.tolerance_points)
+    hosts = tuple(p.family for p in points[1:len(cfg.sweep.references)])  # VIA-SD's host, beside the cascades
+    comparisons = matched_comparison(summaries, baseline, cfg.min_agreement, cfg.tolerance_points,
+                                     rivals=(FASTER_CASCADES, CASCADE_SD) + hosts)
     tasks = sorted({r["task"] for r in records})
     text = [
         f"# Frontier: {cfg.model_pair.name}",
@@ -127,7 +131,9 @@ def write_report(cfg: DictConfig, out_dir: Path, points) -> str:
 
 def costmodel_section(records, points, profile: costmodel.LatencyProfile, baseline: str) -> list[str]:
     slim = {p.name: p.slim_layers for p in points if p.slim_layers is not None}
-    full = {p.name: p.full_layers for p in points if p.full_layers is not None}
+    # A gated block goes to the whole target without a slim pass, and records do not separate those
+    # forwards from escalations: a gated point's target forwards are priced whole (an upper bound).
+    full = {p.name: p.full_layers for p in points if p.full_layers is not None and "gate" not in p.verifier}
     predictions = costmodel.predict_records(records, profile, slim, baseline, full)
     text = ["## Cost model: predicted against measured (this CPU)", "",
             costmodel.validation_table(predictions, profile.device), ""]
