@@ -33,7 +33,7 @@ from hydra.utils import instantiate
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
-from .conf import CONFIG_DIR
+from .conf import config_file, config_names
 from .decode import AutoregressiveDecoder, Decoder, DecodeStats, SpeculativeDecoder
 from .draft import CascadeDrafter, Drafter, ModelDrafter, PromptLookupDrafter
 from .models import LoadedModel
@@ -69,32 +69,6 @@ def pretrained_path(name: str | Path) -> str:
     return str(ensure_cached(str(name))) if str(name) in OFFLINE_MODELS else str(name)
 
 
-def user_config_dirs() -> list[Path]:
-    """Config folders searched before the package's own: where viasd-search / viasd-calibrate install."""
-    try:
-        from .conf import user_config_dir  # the package's rule, once it has one
-    except ImportError:
-        return []
-    return [Path(user_config_dir())]
-
-
-def _config_file(group: str, name: str | Path) -> Path | None:
-    """A YAML path as given, else `<name>.yaml` of config `group` (user config dirs, then the package)."""
-    path = Path(name).expanduser()
-    if path.suffix in (".yaml", ".yml") and path.is_file():
-        return path
-    for root in [*user_config_dirs(), Path(CONFIG_DIR)]:
-        candidate = root / group / f"{name}.yaml"
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _shipped(group: str) -> str:
-    names = sorted(p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml"))
-    return ", ".join(names)
-
-
 def routing_mask(routing: RoutingMask | Mapping | str | Path | None) -> RoutingMask | None:
     """A `RoutingMask` from a mask, its dict, a mask YAML path (what `viasd-search` writes) or the name
     of a mask config (`routing=` names)."""
@@ -103,11 +77,11 @@ def routing_mask(routing: RoutingMask | Mapping | str | Path | None) -> RoutingM
     if isinstance(routing, Mapping):
         return RoutingMask.from_dict(routing)
     if isinstance(routing, (str, Path)):
-        path = _config_file("routing", routing)
+        path = config_file("routing", routing)
         if path is None:
             raise ValueError(
                 f"no routing mask {str(routing)!r}: give a RoutingMask, a mask YAML file (viasd-search writes"
-                f" mask.yaml) or a shipped mask's name ({_shipped('routing')})"
+                f" mask.yaml) or a shipped mask's name ({', '.join(config_names('routing'))})"
             )
         return RoutingMask.from_yaml(path)
     raise TypeError(f"routing must be a RoutingMask, a dict, a YAML path or a mask name, got {type(routing).__name__}")
@@ -119,11 +93,11 @@ def tier_policy(policy: TierPolicy | Mapping | Sequence | str | Path | None) -> 
     if policy is None or isinstance(policy, TierPolicy):
         return policy
     if isinstance(policy, (str, Path)):
-        path = _config_file("policy", policy)
+        path = config_file("policy", policy)
         if path is None:
             raise ValueError(
                 f"no tier policy {str(policy)!r}: give a TierPolicy, (tau_accept, tau_slim), a policy YAML file"
-                f" (viasd-calibrate writes one) or a shipped policy's name ({_shipped('policy')})"
+                f" (viasd-calibrate writes one) or a shipped policy's name ({', '.join(config_names('policy'))})"
             )
         policy = yaml.safe_load(path.read_text())
     if isinstance(policy, Mapping):

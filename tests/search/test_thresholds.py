@@ -54,12 +54,41 @@ def test_calibrate_end_to_end_on_the_tiny_pair(tmp_path, monkeypatch):
     assert (chosen.policy.tau_accept, chosen.policy.tau_slim) == (0.0, 0.0)
 
 
+def test_calibrate_over_masks_picks_the_cheapest_point_that_keeps_quality(tmp_path, monkeypatch):
+    from viasd_adapters.search.thresholds import verify_cost
+
+    monkeypatch.setenv("VIASD_CONFIG_DIR", str(tmp_path / "user"))
+    (tmp_path / "user" / "routing").mkdir(parents=True)  # a mask of the user's, beside the package's
+    (tmp_path / "user" / "routing" / "tiny-2l.yaml").write_text(
+        "_target_: viasd_adapters.routing.RoutingMask\n_convert_: all\nmodel: tiny-random\nnum_layers: 4\n"
+        "skip_layers: [1, 2]\n")
+    overrides = [
+        "model_pair=tiny-random", "runtime.dtype=float32", "max_new_tokens=12", "masks=[tiny-random-1l,tiny-2l]",
+        "grid=[[0.99,0.99],[0.0,0.0]]", f"out_dir={tmp_path}/run", "output_name=tiny-point",
+        "prompts.sources.0.num_prompts=2", "progress=false", "target_agreement=0.98",
+    ]
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="calibrate", overrides=overrides)
+    out = run(cfg)
+    assert [(r.mask, r.tau_accept) for r in out.results] == [("tiny-random-1l", 0.99), ("tiny-random-1l", 0.0),
+                                                             ("tiny-2l", 0.99), ("tiny-2l", 0.0)]
+    assert all(0 < r.slim_cost for r in out.results)  # measured per mask
+    meeting = [r for r in out.results if r.agreement >= 0.98]
+    assert out.best in meeting and verify_cost(out.best) == min(verify_cost(r) for r in meeting)
+    assert out.override == f"routing={out.best.mask} policy=tiny-point"
+    assert yaml.safe_load(out.installed.read_text())["tau_accept"] == out.best.tau_accept
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        chosen = compose(config_name="generate", overrides=["model_pair=tiny-random", *out.override.split()])
+    assert chosen.policy.tau_accept == out.best.tau_accept
+
+
 def test_calibrate_stops_before_loading_on_a_missing_prompt_file_or_a_shipped_name(tmp_path, monkeypatch):
     monkeypatch.setenv("VIASD_CONFIG_DIR", str(tmp_path / "user"))
     for override, message in [
         (f"prompts.sources.0.path={tmp_path}/nope.jsonl", r"set prompts\.sources\.0\.path=PATH"),
         ("output_name=default", "shipped with the package"),
         ("routing_file=/nonexistent/mask.yaml", "routing_file=/nonexistent/mask.yaml: no such file"),
+        ("masks=[qwen2.5-coder-1.5b-4l,no-such-mask]", "routing mask 'no-such-mask' does not exist"),
     ]:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
             cfg = compose(config_name="calibrate", overrides=["model_pair=qwen2.5-coder-0.5b-1.5b", override])

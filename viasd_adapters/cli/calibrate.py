@@ -1,6 +1,8 @@
-"""`viasd-calibrate`: choose tier thresholds for a quality target and write them as a policy.
+"""`viasd-calibrate`: choose tier thresholds (and, given `masks`, the routing mask) for a quality
+target and write them as a policy.
 
     viasd-calibrate model_pair=qwen2.5-coder-0.5b-1.5b output_name=my-qwen
+    viasd-calibrate 'masks=[qwen2.5-coder-1.5b-4l,qwen2.5-coder-1.5b-8l]'   # the operating point over masks
 
 The policy goes to the run directory and, as `policy/<output_name>.yaml`, to the user config
 directory every command searches (`viasd_adapters.conf.user_config_dir`), so `policy=<name>`
@@ -10,17 +12,22 @@ selects it; the command prints that override. It never writes into the installed
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from omegaconf import DictConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 
 from ..checks import check_config
 from ..pipeline import encode_prompt, load_pair, uses_draft_model
 from ..search.calibration import PromptSource, select_prompts
-from ..search.thresholds import ThresholdResult, choose, evaluate_thresholds, write_policy
+from ..search.thresholds import (
+    ThresholdResult, choose, evaluate_thresholds, reference_outputs, verify_cost, write_policy,
+)
+from ..search.timing import measure_cost_ratio
 from ..conf import result_option
 from . import apply_routing_file, check_prompt_sources, entry_point, set_threads
+from .frontier import load_routing
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +38,7 @@ class CalibrationOutcome:
     results: list[ThresholdResult]  # every setting of the grid, in order
     path: Path  # the policy in the run directory
     installed: Path  # <policy_dir>/<name>.yaml, by default in the user config directory
-    override: str  # what selects it on a command line: policy=<name>
+    override: str  # what selects it on a command line: policy=<name> (and routing=<mask> when chosen)
 
 
 def policy_name(cfg: DictConfig) -> str:
@@ -45,6 +52,9 @@ def run(cfg: DictConfig) -> CalibrationOutcome:
     name = policy_name(cfg)  # every plain setting is checked before the models load
     check_prompt_sources(cfg.prompts, "prompts")
     apply_routing_file(cfg)
+    masks = load_routing(list(cfg.masks)) if cfg.masks else {}  # a missing mask fails before any model loads
+    if masks and cfg.get("routing_file"):
+        raise ValueError("masks=[...] and routing_file= both choose the slim verifier's mask: set one")
     set_threads(cfg.runtime.get("threads"))
     pair = load_pair(cfg.model_pair, uses_draft_model(cfg.framework.drafter, cfg.verifier))
     prompts = [
@@ -53,15 +63,27 @@ def run(cfg: DictConfig) -> CalibrationOutcome:
         for _, text in select_prompts(PromptSource(**source), cfg.prompts.split, cfg.prompts.per_category)
     ]
     grid = [(float(a), float(s)) for a, s in cfg.grid]
-    results = evaluate_thresholds(
-        pair, cfg.framework, cfg.verifier, prompts, grid, cfg.max_new_tokens, cfg.progress
-    )
+    results = []
+    if cfg.masks:  # every mask x every threshold pair, priced by each mask's measured slim / full cost
+        references = reference_outputs(pair, cfg.framework, cfg.verifier, prompts, cfg.max_new_tokens, cfg.progress)
+        for mask_name, node in masks.items():
+            verifier = OmegaConf.create(OmegaConf.to_container(cfg.verifier, resolve=True))
+            verifier.slim.mask = node
+            ratio = measure_cost_ratio(pair.target.model, instantiate(node, _convert_="all"), prompts[0],
+                                       int(cfg.cost_block_tokens), repetitions=7).ratio
+            for r in evaluate_thresholds(pair, cfg.framework, verifier, prompts, grid, cfg.max_new_tokens,
+                                         cfg.progress, references):
+                results.append(replace(r, mask=mask_name, slim_cost=ratio))
+    else:
+        results = evaluate_thresholds(pair, cfg.framework, cfg.verifier, prompts, grid, cfg.max_new_tokens,
+                                      cfg.progress)
     best, met = choose(results, cfg.target_agreement)
     if not met:
         logger.warning("no setting reached agreement %.3f; writing the most faithful one", cfg.target_agreement)
     facts = {
         "model_pair": cfg.model_pair.name,
-        "routing": cfg.routing.get("provenance", {}).get("method", "?") + f" skip {list(cfg.routing.skip_layers)}",
+        "routing": best.mask or (cfg.routing.get("provenance", {}).get("method", "?")
+                                 + f" skip {list(cfg.routing.skip_layers)}"),
         "framework": cfg.framework.name,
         "dtype": cfg.runtime.dtype,
         "prompts": len(prompts),
@@ -71,18 +93,20 @@ def run(cfg: DictConfig) -> CalibrationOutcome:
     path = write_policy(Path(cfg.out_dir) / "policy.yaml", best, met, cfg.target_agreement, facts)
     policy_dir = Path(cfg.policy_dir or Path(cfg.user_config_dir) / "policy").expanduser()
     installed = write_policy(policy_dir / f"{name}.yaml", best, met, cfg.target_agreement, facts)
-    return CalibrationOutcome(best, results, path, installed, f"policy={name}")
+    override = (f"routing={best.mask} " if best.mask else "") + f"policy={name}"
+    return CalibrationOutcome(best, results, path, installed, override)
 
 
 @entry_point("calibrate")
 def main(cfg: DictConfig) -> None:
     out = run(cfg)
-    print("tau_accept tau_slim agreement exact full/token slim/token tok/s")
+    print("mask tau_accept tau_slim agreement exact full/token slim/token cost/token tok/s")
     for r in out.results:
         mark = " <- chosen" if r is out.best else ""
         print(
-            f"{r.tau_accept:10.2f} {r.tau_slim:8.2f} {r.agreement:9.3f} {r.exact_rate:5.2f}"
-            f" {r.full_calls_per_token:10.3f} {r.slim_calls_per_token:10.3f} {r.tokens_per_second:5.2f}{mark}"
+            f"{r.mask or '(routing)'} {r.tau_accept:10.2f} {r.tau_slim:8.2f} {r.agreement:9.3f} {r.exact_rate:5.2f}"
+            f" {r.full_calls_per_token:10.3f} {r.slim_calls_per_token:10.3f} {verify_cost(r):10.3f}"
+            f" {r.tokens_per_second:5.2f}{mark}"
         )
     print(f"wrote {out.path}\ninstalled: {out.installed}")
     print(f"use it: {out.override}  (e.g. viasd-generate model_pair={cfg.model_pair.name}"

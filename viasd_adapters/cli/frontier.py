@@ -41,20 +41,20 @@ from ..bench.harness import BenchSettings, Harness, Method
 from ..bench.tasks import Prompt, Task
 from ..pipeline import build_decoder, encode_prompt, load_pair
 from ..search.space import attention_share
-from . import CONFIG_DIR, entry_point, set_threads
+from ..conf import config_file, config_names
+from . import entry_point, set_threads
 
 logger = logging.getLogger(__name__)
 
 
 def load_routing(names: list[str]) -> dict[str, DictConfig]:
-    """Routing configs by name from the package's conf/routing/ (clear error for a missing one)."""
+    """Routing configs by name, as `routing=NAME` finds them (clear error for a missing one)."""
     out = {}
     for name in names:
-        path = Path(CONFIG_DIR) / "routing" / f"{name}.yaml"
-        if not path.is_file():
-            available = sorted(p.stem for p in path.parent.glob("*.yaml"))
-            raise ValueError(f"routing mask {name!r} does not exist ({path}); available: {available}."
-                             " Search one with viasd-search ... mask_name=<name> routing_dir=viasd_adapters/conf/routing")
+        path = config_file("routing", name)
+        if path is None:
+            raise ValueError(f"routing mask {name!r} does not exist; available: {config_names('routing')}."
+                             " Search one with viasd-search ... mask_name=<name> (it installs it as routing=<name>)")
         out[name] = OmegaConf.load(path)
     return out
 

@@ -8,6 +8,8 @@ and `viasd-calibrate` write their results there. A name the package already uses
 package's: pick new names.
 """
 
+from __future__ import annotations
+
 import os
 import re
 from pathlib import Path
@@ -24,6 +26,24 @@ def user_config_dir() -> Path:
         return Path(os.environ["VIASD_CONFIG_DIR"]).expanduser().resolve()
     base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
     return (Path(base).expanduser() / "viasd-adapters" / "conf").resolve()
+
+
+def config_file(group: str, name: str | Path) -> Path | None:
+    """A YAML path as given, else `<group>/<name>.yaml` where Hydra finds it: the package's
+    configs first, then the user config directory; None when neither has it."""
+    path = Path(name).expanduser()
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
+    for root in (Path(CONFIG_DIR), user_config_dir()):
+        candidate = root / group / f"{name}.yaml"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def config_names(group: str) -> list[str]:
+    """The options of a config group: the package's and the user config directory's."""
+    return sorted({p.stem for root in (Path(CONFIG_DIR), user_config_dir()) for p in (root / group).glob("*.yaml")})
 
 
 def result_option(key: str, name: str, group: str, custom_dir: bool) -> str:

@@ -1,9 +1,10 @@
 """Tier-threshold calibration: the cheapest policy thresholds that keep a quality target.
 
 Quality is token agreement with the target's own greedy output, as the host loop computes it
-with the tiers off (lossless), on calibration prompts; cost is full-model forward passes per
-generated token, a count rather than a time, so the choice does not depend on how busy the
-machine was. Measured tokens/s are reported beside it.
+with the tiers off (lossless), on calibration prompts; cost is forward passes per generated
+token, counts rather than times, so the choice does not depend on how busy the machine was:
+full-model forwards, plus slim forwards priced at the mask's measured slim / full ratio when
+several masks compete (`verify_cost`). Measured tokens/s are reported beside it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ class ThresholdResult:
     full_calls_per_token: float  # target forwards per generated token (the cost that is chosen on)
     slim_calls_per_token: float
     tokens_per_second: float  # median over prompts (measured, for information)
+    mask: str | None = None  # the routing option evaluated (None: the configured mask)
+    slim_cost: float | None = None  # one slim forward / one full forward, measured for the mask
+
+
+def verify_cost(result: ThresholdResult) -> float:
+    """Verify cost per generated token, in full forwards: full forwards plus slim forwards at the
+    mask's measured cost ratio (full forwards alone when no ratio was measured: one mask)."""
+    return result.full_calls_per_token + (result.slim_cost or 0.0) * result.slim_calls_per_token
 
 
 def evaluate_thresholds(
@@ -47,18 +56,17 @@ def evaluate_thresholds(
     grid: list[tuple[float, float]],
     max_new_tokens: int,
     progress: bool = True,
+    references: list[list[int]] | None = None,
 ) -> list[ThresholdResult]:
     """Decode every prompt with every (tau_accept, tau_slim) of `grid` (greedy), scoring agreement
     with the same host loop with the tiers off (lossless: the target's greedy output, which in
     fp32 is AR's; in bf16 lossless SD itself drifts from AR at near-ties, and comparing with AR
-    would charge that drift to the thresholds)."""
+    would charge that drift to the thresholds). `references`: those outputs, when already decoded
+    (`reference_outputs`)."""
     greedy = SamplingConfig()
     stop = pair.target.stop_token_ids
-    reference_decoder = build_decoder(framework, OmegaConf.merge(verifier, {"policy": None}), pair)
-    references = [
-        reference_decoder.generate(ids, max_new_tokens, greedy, stop).tokens
-        for ids in tqdm(prompts, desc="reference (tiers off)", disable=not progress)
-    ]
+    if references is None:
+        references = reference_outputs(pair, framework, verifier, prompts, max_new_tokens, progress)
     results = []
     for tau_accept, tau_slim in tqdm(grid, desc="thresholds", disable=not progress):
         node = OmegaConf.merge(verifier, {"policy": {"tau_accept": tau_accept, "tau_slim": tau_slim}})
@@ -84,13 +92,21 @@ def evaluate_thresholds(
     return results
 
 
+def reference_outputs(pair: ModelPair, framework: DictConfig, verifier: DictConfig, prompts: list[torch.Tensor],
+                      max_new_tokens: int, progress: bool = True) -> list[list[int]]:
+    """The host loop's greedy outputs with the tiers off (the same for every mask)."""
+    decoder = build_decoder(framework, OmegaConf.merge(verifier, {"policy": None}), pair)
+    return [decoder.generate(ids, max_new_tokens, SamplingConfig(), pair.target.stop_token_ids).tokens
+            for ids in tqdm(prompts, desc="reference (tiers off)", disable=not progress)]
+
+
 def choose(results: list[ThresholdResult], target_agreement: float) -> tuple[ThresholdResult, bool]:
-    """The fewest full forwards per token among settings meeting the target (ties: the safer,
-    higher thresholds); the most faithful setting, flagged, when none meets it."""
+    """The lowest `verify_cost` among settings meeting the target (ties: the safer, higher
+    thresholds); the most faithful setting, flagged, when none meets it."""
     meeting = [r for r in results if r.agreement >= target_agreement]
     if not meeting:
         return max(results, key=lambda r: r.agreement), False
-    return min(meeting, key=lambda r: (r.full_calls_per_token, -r.tau_accept, -r.tau_slim)), True
+    return min(meeting, key=lambda r: (verify_cost(r), -r.tau_accept, -r.tau_slim)), True
 
 
 def write_policy(

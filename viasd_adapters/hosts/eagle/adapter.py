@@ -45,7 +45,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from ...conf import CONFIG_DIR
+from ...conf import config_file
 from ...decode import Decoder, DecodeStats, GenerationResult
 from ...routing import RoutingMask, SlimModel
 from ...runner import CallStats
@@ -465,11 +465,11 @@ def _global_rng(sampling: SamplingConfig):
 
 # ----------------------------------------------------------------------------- the Decoder
 def resolve_routing(routing: str | Path) -> Path:
-    """A mask YAML path as given, or the name of a shipped mask (the `routing` config group)."""
+    """A mask YAML path as given, or the name of a mask config (the `routing` config group)."""
     path = Path(routing).expanduser()
-    for candidate in (path, Path(CONFIG_DIR) / "routing" / f"{routing}.yaml"):
-        if candidate.is_file():
-            return candidate
+    found = path if path.is_file() else config_file("routing", routing)
+    if found is not None:
+        return found
     raise ValueError(f"no routing mask {routing!r}: give a mask YAML path or a name of the `routing` config group")
 
 
