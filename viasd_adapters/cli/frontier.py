@@ -133,7 +133,7 @@ def costmodel_section(records, points, profile: costmodel.LatencyProfile, baseli
     slim = {p.name: p.slim_layers for p in points if p.slim_layers is not None}
     # A gated block goes to the whole target without a slim pass, and records do not separate those
     # forwards from escalations: a gated point's target forwards are priced whole (an upper bound).
-    full = {p.name: p.full_layers for p in points if p.full_layers is not None and "gate" not in p.verifier}
+    full = {p.name: p.full_layers for p in points if p.full_layers is not None and not p.verifier.get("gate")}
     predictions = costmodel.predict_records(records, profile, slim, baseline, full)
     text = ["## Cost model: predicted against measured (this CPU)", "",
             costmodel.validation_table(predictions, profile.device), ""]
