@@ -22,12 +22,11 @@ from ..checks import check_config
 from ..pipeline import encode_prompt, load_pair, uses_draft_model
 from ..search.calibration import PromptSource, select_prompts
 from ..search.thresholds import (
-    ThresholdResult, choose, evaluate_thresholds, reference_outputs, verify_cost, write_policy,
+    ThresholdResult, choose, evaluate_thresholds, host_cost, reference_outputs, verify_cost, write_policy,
 )
 from ..search.timing import measure_cost_ratio
-from ..conf import result_option
+from ..conf import load_routing, result_option
 from . import apply_routing_file, check_prompt_sources, entry_point, set_threads
-from .frontier import load_routing
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +62,9 @@ def run(cfg: DictConfig) -> CalibrationOutcome:
         for _, text in select_prompts(PromptSource(**source), cfg.prompts.split, cfg.prompts.per_category)
     ]
     grid = [(float(a), float(s)) for a, s in cfg.grid]
-    results = []
     if cfg.masks:  # every mask x every threshold pair, priced by each mask's measured slim / full cost
         references = reference_outputs(pair, cfg.framework, cfg.verifier, prompts, cfg.max_new_tokens, cfg.progress)
+        results = []
         for mask_name, node in masks.items():
             verifier = OmegaConf.create(OmegaConf.to_container(cfg.verifier, resolve=True))
             verifier.slim.mask = node
@@ -78,6 +77,10 @@ def run(cfg: DictConfig) -> CalibrationOutcome:
         results = evaluate_thresholds(pair, cfg.framework, cfg.verifier, prompts, grid, cfg.max_new_tokens,
                                       cfg.progress)
     best, met = choose(results, cfg.target_agreement)
+    if cfg.masks and met and verify_cost(best) >= host_cost(references):
+        logger.warning("the slim tier does not pay on these prompts: the cheapest setting costs %.3f forwards per"
+                       " token, the host with the tiers off %.3f; decode with verifier=full",
+                       verify_cost(best), host_cost(references))
     if not met:
         logger.warning("no setting reached agreement %.3f; writing the most faithful one", cfg.target_agreement)
     facts = {

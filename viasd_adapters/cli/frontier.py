@@ -41,22 +41,10 @@ from ..bench.harness import BenchSettings, Harness, Method
 from ..bench.tasks import Prompt, Task
 from ..pipeline import build_decoder, encode_prompt, load_pair
 from ..search.space import attention_share
-from ..conf import config_file, config_names
+from ..conf import load_routing
 from . import entry_point, set_threads
 
 logger = logging.getLogger(__name__)
-
-
-def load_routing(names: list[str]) -> dict[str, DictConfig]:
-    """Routing configs by name, as `routing=NAME` finds them (clear error for a missing one)."""
-    out = {}
-    for name in names:
-        path = config_file("routing", name)
-        if path is None:
-            raise ValueError(f"routing mask {name!r} does not exist; available: {config_names('routing')}."
-                             " Search one with viasd-search ... mask_name=<name> (it installs it as routing=<name>)")
-        out[name] = OmegaConf.load(path)
-    return out
 
 
 def _records_path(out_dir: Path, task_key: str) -> Path:

@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 # Absolute, so console scripts find the configs whatever their working directory.
 CONFIG_DIR = str(Path(__file__).resolve().parent)
@@ -44,6 +44,18 @@ def config_file(group: str, name: str | Path) -> Path | None:
 def config_names(group: str) -> list[str]:
     """The options of a config group: the package's and the user config directory's."""
     return sorted({p.stem for root in (Path(CONFIG_DIR), user_config_dir()) for p in (root / group).glob("*.yaml")})
+
+
+def load_routing(names: list[str]) -> dict[str, DictConfig]:
+    """Routing configs by name, as `routing=NAME` finds them (clear error for a missing one)."""
+    out = {}
+    for name in names:
+        path = config_file("routing", name)
+        if path is None:
+            raise ValueError(f"routing mask {name!r} does not exist; available: {config_names('routing')}."
+                             " Search one with viasd-search ... mask_name=<name> (it installs it as routing=<name>)")
+        out[name] = OmegaConf.load(path)
+    return out
 
 
 def result_option(key: str, name: str, group: str, custom_dir: bool) -> str:

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from ..bench.metrics import token_agreement
+from ..decode import GenerationResult
 from ..pipeline import ModelPair, build_decoder
 from ..sampling import SamplingConfig
 
@@ -56,7 +57,7 @@ def evaluate_thresholds(
     grid: list[tuple[float, float]],
     max_new_tokens: int,
     progress: bool = True,
-    references: list[list[int]] | None = None,
+    references: list[GenerationResult] | None = None,
 ) -> list[ThresholdResult]:
     """Decode every prompt with every (tau_accept, tau_slim) of `grid` (greedy), scoring agreement
     with the same host loop with the tiers off (lossless: the target's greedy output, which in
@@ -67,6 +68,7 @@ def evaluate_thresholds(
     stop = pair.target.stop_token_ids
     if references is None:
         references = reference_outputs(pair, framework, verifier, prompts, max_new_tokens, progress)
+    references = [r.tokens for r in references]
     results = []
     for tau_accept, tau_slim in tqdm(grid, desc="thresholds", disable=not progress):
         node = OmegaConf.merge(verifier, {"policy": {"tau_accept": tau_accept, "tau_slim": tau_slim}})
@@ -93,11 +95,16 @@ def evaluate_thresholds(
 
 
 def reference_outputs(pair: ModelPair, framework: DictConfig, verifier: DictConfig, prompts: list[torch.Tensor],
-                      max_new_tokens: int, progress: bool = True) -> list[list[int]]:
-    """The host loop's greedy outputs with the tiers off (the same for every mask)."""
+                      max_new_tokens: int, progress: bool = True) -> list[GenerationResult]:
+    """The host loop's greedy generations with the tiers off (the same for every mask)."""
     decoder = build_decoder(framework, OmegaConf.merge(verifier, {"policy": None}), pair)
-    return [decoder.generate(ids, max_new_tokens, SamplingConfig(), pair.target.stop_token_ids).tokens
+    return [decoder.generate(ids, max_new_tokens, SamplingConfig(), pair.target.stop_token_ids)
             for ids in tqdm(prompts, desc="reference (tiers off)", disable=not progress)]
+
+
+def host_cost(references: list[GenerationResult]) -> float:
+    """Full forwards per generated token of the tiers-off host: what a slim tier must undercut."""
+    return sum(r.stats.model_calls["target"].calls for r in references) / max(1, sum(r.stats.new_tokens for r in references))
 
 
 def choose(results: list[ThresholdResult], target_agreement: float) -> tuple[ThresholdResult, bool]:
