@@ -5,7 +5,7 @@ how often its drafts are accepted; docs/drafting.md has the measured cost and ac
 
 * "int8-weight": weight-only int8, per output channel; activations stay in the model's dtype
   and `torch.ops.aten._weight_int8pack_mm` multiplies (the kernel gpt-fast uses on CPU). That
-  kernel's time grows with the rows fed (on a Sapphire Rapids core, 896 -> 4864 in bf16: 0.26
+  kernel's time grows with the rows fed (2 threads of a Sapphire Rapids, 896 -> 4864 in bf16: 0.26
   ms for 1 row, 0.78 for 8, 11 for 150, against 0.5-1.0 ms for the bf16 matmul), so forwards of
   more than `INT8_MAX_ROWS` rows (a prompt, a re-fed block) use the model's own weights, which the
   copy shares.
