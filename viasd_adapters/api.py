@@ -69,6 +69,14 @@ def pretrained_path(name: str | Path) -> str:
     return str(ensure_cached(str(name))) if str(name) in OFFLINE_MODELS else str(name)
 
 
+def _named_config(group: str, name: str | Path, what: str, forms: str) -> Path:
+    """The YAML file `name` stands for (a path, or an option of config `group`), or a clear error."""
+    path = config_file(group, name)
+    if path is None:
+        raise ValueError(f"no {what} {str(name)!r}: give {forms} or the name of one of {', '.join(config_names(group))}")
+    return path
+
+
 def routing_mask(routing: RoutingMask | Mapping | str | Path | None) -> RoutingMask | None:
     """A `RoutingMask` from a mask, its dict, a mask YAML path (what `viasd-search` writes) or the name
     of a mask config (`routing=` names)."""
@@ -77,13 +85,8 @@ def routing_mask(routing: RoutingMask | Mapping | str | Path | None) -> RoutingM
     if isinstance(routing, Mapping):
         return RoutingMask.from_dict(routing)
     if isinstance(routing, (str, Path)):
-        path = config_file("routing", routing)
-        if path is None:
-            raise ValueError(
-                f"no routing mask {str(routing)!r}: give a RoutingMask, a mask YAML file (viasd-search writes"
-                f" mask.yaml) or a shipped mask's name ({', '.join(config_names('routing'))})"
-            )
-        return RoutingMask.from_yaml(path)
+        return RoutingMask.from_yaml(_named_config(
+            "routing", routing, "routing mask", "a RoutingMask, a mask YAML file (viasd-search writes mask.yaml)"))
     raise TypeError(f"routing must be a RoutingMask, a dict, a YAML path or a mask name, got {type(routing).__name__}")
 
 
@@ -93,13 +96,9 @@ def tier_policy(policy: TierPolicy | Mapping | Sequence | str | Path | None) -> 
     if policy is None or isinstance(policy, TierPolicy):
         return policy
     if isinstance(policy, (str, Path)):
-        path = config_file("policy", policy)
-        if path is None:
-            raise ValueError(
-                f"no tier policy {str(policy)!r}: give a TierPolicy, (tau_accept, tau_slim), a policy YAML file"
-                f" (viasd-calibrate writes one) or a shipped policy's name ({', '.join(config_names('policy'))})"
-            )
-        policy = yaml.safe_load(path.read_text())
+        policy = yaml.safe_load(_named_config(
+            "policy", policy, "tier policy",
+            "a TierPolicy, (tau_accept, tau_slim), a policy YAML file (viasd-calibrate writes one)").read_text())
     if isinstance(policy, Mapping):
         if "_target_" in policy:
             built = instantiate(dict(policy))

@@ -374,9 +374,9 @@ def choose_configuration(
             continue
         # Speedups are over the fastest AR at these threads, whatever its dtype: a configuration
         # that only beats AR in a slow dtype is no gain.
-        fastest_ar = max(1000.0 / profile.ms(target, d, t, 1, context) for d in targets)
-        for dtype in targets:
-            ar = 1000.0 / profile.ms(target, dtype, t, 1, context)
+        ar_speeds = {d: 1000.0 / profile.ms(target, d, t, 1, context) for d in targets}
+        fastest_ar = max(ar_speeds.values())
+        for dtype, ar in ar_speeds.items():
             options = [Choice("ar", dtype, None, 0, ar / fastest_ar, ar, fastest_ar, t, acceptance)]
             for draft_dtype in drafts:
                 costs = profile.draft_costs(draft, target, dtype, draft_dtype, t, context, k_max + 1)

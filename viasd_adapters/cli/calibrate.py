@@ -62,20 +62,20 @@ def run(cfg: DictConfig) -> CalibrationOutcome:
         for _, text in select_prompts(PromptSource(**source), cfg.prompts.split, cfg.prompts.per_category)
     ]
     grid = [(float(a), float(s)) for a, s in cfg.grid]
-    if cfg.masks:  # every mask x every threshold pair, priced by each mask's measured slim / full cost
-        references = reference_outputs(pair, cfg.framework, cfg.verifier, prompts, cfg.max_new_tokens, cfg.progress)
-        results = []
-        for mask_name, node in masks.items():
+    # The tiers-off outputs are the same for every mask: decoded once. With masks, every mask x
+    # threshold pair is priced by that mask's measured slim / full cost.
+    references = reference_outputs(pair, cfg.framework, cfg.verifier, prompts, cfg.max_new_tokens, cfg.progress)
+    results = []
+    for mask_name, node in (masks or {None: None}).items():
+        verifier, ratio = cfg.verifier, None
+        if node is not None:
             verifier = OmegaConf.create(OmegaConf.to_container(cfg.verifier, resolve=True))
             verifier.slim.mask = node
             ratio = measure_cost_ratio(pair.target.model, instantiate(node, _convert_="all"), prompts[0],
                                        int(cfg.cost_block_tokens), repetitions=7).ratio
-            for r in evaluate_thresholds(pair, cfg.framework, verifier, prompts, grid, cfg.max_new_tokens,
-                                         cfg.progress, references):
-                results.append(replace(r, mask=mask_name, slim_cost=ratio))
-    else:
-        results = evaluate_thresholds(pair, cfg.framework, cfg.verifier, prompts, grid, cfg.max_new_tokens,
-                                      cfg.progress)
+        for r in evaluate_thresholds(pair, cfg.framework, verifier, prompts, grid, cfg.max_new_tokens, references,
+                                     cfg.progress):
+            results.append(replace(r, mask=mask_name, slim_cost=ratio))
     best, met = choose(results, cfg.target_agreement)
     if cfg.masks and met and verify_cost(best) >= host_cost(references):
         logger.warning("the slim tier does not pay on these prompts: the cheapest setting costs %.3f forwards per"

@@ -56,18 +56,15 @@ def evaluate_thresholds(
     prompts: list[torch.Tensor],
     grid: list[tuple[float, float]],
     max_new_tokens: int,
+    references: list[GenerationResult],
     progress: bool = True,
-    references: list[GenerationResult] | None = None,
 ) -> list[ThresholdResult]:
     """Decode every prompt with every (tau_accept, tau_slim) of `grid` (greedy), scoring agreement
     with the same host loop with the tiers off (lossless: the target's greedy output, which in
     fp32 is AR's; in bf16 lossless SD itself drifts from AR at near-ties, and comparing with AR
-    would charge that drift to the thresholds). `references`: those outputs, when already decoded
-    (`reference_outputs`)."""
+    would charge that drift to the thresholds): `references`, from `reference_outputs`."""
     greedy = SamplingConfig()
     stop = pair.target.stop_token_ids
-    if references is None:
-        references = reference_outputs(pair, framework, verifier, prompts, max_new_tokens, progress)
     references = [r.tokens for r in references]
     results = []
     for tau_accept, tau_slim in tqdm(grid, desc="thresholds", disable=not progress):
