@@ -111,3 +111,62 @@ def test_time_forwards_and_measure_profile_on_a_tiny_model():
     assert missing_points(profile, wider).dtypes == ["bfloat16"]
     with pytest.raises(ValueError, match="at least one model"):
         ProfileGrid(models=[])
+
+
+def test_quantised_drafter_variants_are_measured_as_the_drafter_runs_them(monkeypatch):
+    from viasd_adapters.models.quantize import Int8WeightLinear
+
+    model = tiny(seed=0).model
+    grid = ProfileGrid(models=["a"], dtypes=["float32"], variants=["float32+int8-weight"], variant_models=["a"],
+                       threads=[1], new_tokens=[1, 2], contexts=[4], repeats=1)
+    int8_calls = []  # the variant must time the int8 copy, not the model it was loaded as
+    forward = Int8WeightLinear.forward
+    monkeypatch.setattr(Int8WeightLinear, "forward", lambda self, x: int8_calls.append(1) or forward(self, x))
+    profile = measure_profile(grid, load=lambda name, dtype, device: model, progress=False)
+    assert {e.dtype for e in profile.entries} == {"float32", "float32+int8-weight"}
+    assert int8_calls
+    assert missing_points(profile, grid) is None
+    wider = ProfileGrid(models=["a"], dtypes=["float32"], variants=["float32+int8-weight", "float32+int8-dynamic"],
+                        variant_models=["a"], threads=[1])
+    todo = missing_points(profile, wider)
+    assert todo.combinations() == [("a", "float32+int8-dynamic")]  # only what the profile lacks
+    with pytest.raises(ValueError, match="<dtype>\\+<quantization>"):
+        ProfileGrid(models=["a"], variants=["bfloat16+int4"], variant_models=["a"])
+    with pytest.raises(ValueError, match="go together"):
+        ProfileGrid(models=["a"], variants=["bfloat16+int8-weight"])
+
+
+def test_a_cheaper_quantised_drafter_wins_the_choice_when_the_profile_has_it():
+    int8 = "bfloat16+int8-weight"
+    p = profile_of({(T, "bfloat16"): {1: 216, 8: 223, 16: 242}, (D, "bfloat16"): {1: 101}, (D, int8): {1: 50}})
+    choice = choose_configuration(p, D, T, acceptance=0.7, threads=2, dtypes=["bfloat16"],
+                                  draft_dtypes=["bfloat16", int8])
+    plain = choose_configuration(p, D, T, acceptance=0.7, threads=2, dtypes=["bfloat16"])
+    assert choice.draft_dtype == int8 and plain.draft_dtype == "bfloat16"
+    assert choice.expected_speedup > plain.expected_speedup
+    assert int8 in choice.describe()
+
+
+def test_the_demo_decodes_with_a_chosen_int8_drafter_beside_greedy_ar(monkeypatch):
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from viasd_adapters.cli.profile import decode_both
+    from viasd_adapters.conf import CONFIG_DIR
+    from viasd_adapters.models.quantize import Int8WeightLinear
+    from viasd_adapters.profile import Choice
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("profile", overrides=["model_pair=tiny-random", "prompt=hello there", "max_new_tokens=12",
+                                            "chat_template=false"])
+    int8 = "float32+int8-weight"
+    profile = profile_of({("tiny-random", "float32"): {1: 10.0, 8: 11.0}, ("tiny-random", int8): {1: 2.0}},
+                         threads=torch.get_num_threads())
+    choice = Choice("sd", "float32", int8, 3, 1.5, 150.0, 100.0, torch.get_num_threads(), 0.8)
+    int8_rows = []
+    forward = Int8WeightLinear.forward
+    monkeypatch.setattr(Int8WeightLinear, "forward", lambda self, x: int8_rows.append(x.shape[:-1].numel()) or forward(self, x))
+    ar, sd = decode_both(cfg, profile, choice)
+    assert sd.result.tokens == ar.result.tokens and len(ar.result.tokens) == 12  # fp32 target: lossless
+    assert int8_rows and int8 in sd.label  # the drafter that ran is the int8 copy
+    assert sd.result.stats.accepted > 0

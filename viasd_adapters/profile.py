@@ -57,7 +57,7 @@ class LatencyEntry:
     """One measured forward configuration."""
 
     model: str  # model name (a ModelSpec name)
-    dtype: str  # float32 | bfloat16 | float16 (or a quantised variant's name)
+    dtype: str  # float32 | bfloat16 | float16, or a quantised variant "<dtype>+<quantization>" (split_variant)
     threads: int  # torch intra-op threads
     context: int  # tokens already in the KV cache
     new_tokens: int  # tokens fed through the forward (1: a decode step; K + 1: a verify)
@@ -214,33 +214,61 @@ def time_forwards(model: torch.nn.Module, context: int, new_tokens: Iterable[int
     return times
 
 
+def split_variant(dtype: str) -> tuple[str, str | None]:
+    """A profile dtype's (load dtype, quantization): "bfloat16+int8-weight" -> ("bfloat16", "int8-weight")."""
+    base, _, quantization = dtype.partition("+")
+    return base, quantization or None
+
+
 @dataclass
 class ProfileGrid:
-    """What `measure_profile` measures (Hydra-instantiable: conf/profile.yaml)."""
+    """What `measure_profile` measures (Hydra-instantiable: conf/profile.yaml).
+
+    Every model in every dtype, and the `variant_models` (drafters) also in each quantised
+    variant of `variants` ("<dtype>+<quantization>", what `ModelDrafter(quantize=...)` runs).
+    """
 
     models: list[str]  # ModelSpec names
     dtypes: list[str] = field(default_factory=lambda: ["bfloat16", "float32"])
+    variants: list[str] = field(default_factory=list)  # e.g. ["bfloat16+int8-weight"]
+    variant_models: list[str] = field(default_factory=list)  # the models measured in `variants` too
     threads: list[int] = field(default_factory=lambda: [1, 2])  # clipped to the cores there are
     new_tokens: list[int] = field(default_factory=lambda: [1, 2, 4, 6, 8, 12])
     contexts: list[int] = field(default_factory=lambda: [128, 512])
     repeats: int = 3  # timed forwards per point (one more warms up)
 
     def __post_init__(self) -> None:
-        if not self.models:
+        from .models.quantize import QUANTIZATIONS
+
+        if not self.models and not self.variant_models:
             raise ValueError("name at least one model to profile (models=[...])")
+        if bool(self.variants) != bool(self.variant_models):
+            raise ValueError("variants and variant_models go together: name the quantised variants and the models"
+                             " measured in them, or neither")
+        for variant in self.variants:
+            quantization = split_variant(variant)[1]
+            if quantization not in QUANTIZATIONS:
+                raise ValueError(f"variant {variant!r} is not <dtype>+<quantization> with a quantization of"
+                                 f" {sorted(QUANTIZATIONS)}, e.g. bfloat16+int8-weight")
         for name in ("dtypes", "threads", "new_tokens", "contexts"):
             if not getattr(self, name):
                 raise ValueError(f"{name} must not be empty")
         if min(self.new_tokens) < 1 or min(self.threads) < 1 or min(self.contexts) < 0 or self.repeats < 1:
             raise ValueError("new_tokens and threads must be >= 1, contexts >= 0, repeats >= 1")
         self.models, self.dtypes = list(dict.fromkeys(self.models)), list(dict.fromkeys(self.dtypes))
+        self.variants, self.variant_models = list(dict.fromkeys(self.variants)), list(dict.fromkeys(self.variant_models))
         self.threads = sorted({int(t) for t in self.threads})
         self.new_tokens = sorted({int(n) for n in self.new_tokens})
         self.contexts = sorted({int(c) for c in self.contexts})
 
+    def combinations(self) -> list[tuple[str, str]]:
+        """(model, dtype or variant) pairs, each loaded once."""
+        return ([(m, d) for m in self.models for d in self.dtypes]
+                + [(m, v) for m in self.variant_models for v in self.variants])
+
     @property
     def points(self) -> int:
-        return len(self.models) * len(self.dtypes) * len(self.threads) * len(self.contexts)
+        return len(self.combinations()) * len(self.threads) * len(self.contexts)
 
 
 def usable_threads(threads: list[int], device: str = "cpu") -> list[int]:
@@ -259,8 +287,11 @@ def measure_profile(
     progress: bool = True,
 ) -> LatencyProfile:
     """Measure every point of `grid`; `load(name, dtype, device)` returns a model (default: the
-    project's model zoo). Each model is loaded once per dtype and freed before the next."""
+    project's model zoo). Each model is loaded once per dtype (a variant: its load dtype, then
+    quantised as a drafter quantises it) and freed before the next."""
     from tqdm.auto import tqdm
+
+    from .models.quantize import quantized_copy
 
     load = load or _load_from_zoo
     saved = torch.get_num_threads()
@@ -269,20 +300,22 @@ def measure_profile(
     if threads != grid.threads:
         logger.warning("profiling threads %s of %s: this machine has %d cores", threads, grid.threads, cpu_info().logical_cores)
     entries = []
-    bar = tqdm(total=len(grid.models) * len(grid.dtypes) * len(threads) * len(grid.contexts),
+    bar = tqdm(total=len(grid.combinations()) * len(threads) * len(grid.contexts),
                desc="latency profile", unit="point", disable=not progress)
     try:
-        for name in grid.models:
-            for dtype in grid.dtypes:
-                model = load(name, dtype, device)
-                for t in threads:
-                    torch.set_num_threads(t)
-                    for context in grid.contexts:
-                        bar.set_postfix_str(f"{name} {dtype} {t}t ctx {context}")
-                        for n, ms in time_forwards(model, context, grid.new_tokens, grid.repeats).items():
-                            entries.append(LatencyEntry(name, dtype, t, context, n, statistics.median(ms), min(ms), len(ms)))
-                        bar.update()
-                del model
+        for name, dtype in grid.combinations():
+            load_dtype, quantization = split_variant(dtype)
+            model = load(name, load_dtype, device)
+            if quantization:
+                model = quantized_copy(model, quantization)
+            for t in threads:
+                torch.set_num_threads(t)
+                for context in grid.contexts:
+                    bar.set_postfix_str(f"{name} {dtype} {t}t ctx {context}")
+                    for n, ms in time_forwards(model, context, grid.new_tokens, grid.repeats).items():
+                        entries.append(LatencyEntry(name, dtype, t, context, n, statistics.median(ms), min(ms), len(ms)))
+                    bar.update()
+            del model
     finally:
         torch.set_num_threads(saved)
         bar.close()
@@ -310,12 +343,16 @@ def missing_points(profile: LatencyProfile | None, grid: ProfileGrid, device: st
     if profile is None:
         return grid
     threads = usable_threads(grid.threads, device)
-    need = [(m, d) for m in grid.models for d in grid.dtypes if not all(profile.has(m, d, t) for t in threads)]
+    need = [(m, d) for m, d in grid.combinations() if not all(profile.has(m, d, t) for t in threads)]
     if not need:
         return None
+    plain = [(m, d) for m, d in need if d in grid.dtypes]
+    variants = [(m, d) for m, d in need if d not in grid.dtypes]
     return ProfileGrid(
-        models=sorted({m for m, _ in need}, key=grid.models.index),
-        dtypes=sorted({d for _, d in need}, key=grid.dtypes.index),
+        models=sorted({m for m, _ in plain}, key=grid.models.index),
+        dtypes=sorted({d for _, d in plain}, key=grid.dtypes.index) or grid.dtypes,
+        variants=sorted({d for _, d in variants}, key=grid.variants.index),
+        variant_models=sorted({m for m, _ in variants}, key=grid.variant_models.index),
         threads=grid.threads, new_tokens=grid.new_tokens, contexts=grid.contexts, repeats=grid.repeats,
     )
 
@@ -362,7 +399,8 @@ def choose_configuration(
     Expected tokens/s = S(a, K) / (target step in ms) * 1000; AR (K = 0) competes too, so a
     pair whose drafting cannot pay on this device decodes greedily. Given several thread
     counts, the fastest wins (on a busy host one thread can beat two). Dtypes and thread counts
-    the profile lacks are skipped (an error when none is left).
+    the profile lacks are skipped (an error when none is left). `draft_dtypes` may name
+    quantised variants ("bfloat16+int8-weight"); default: `dtypes`.
     """
     dtypes = list(dtypes)
     draft_dtypes = list(draft_dtypes or dtypes)

@@ -24,6 +24,7 @@ from viasd_adapters.hosts.eagle import (  # noqa: E402
     ea_model_from_target,
     KVBuffers,
     TransformersEagleBase,
+    VocabularyDraftHead,
     build_head,
     export_head,
     head_config,
@@ -39,6 +40,7 @@ from viasd_adapters.hosts.eagle.adapter import (  # noqa: E402
     decide_tree,
 )
 from viasd_adapters.decode import AutoregressiveDecoder  # noqa: E402
+from viasd_adapters.models.vocab import DraftVocabulary, ReducedHead  # noqa: E402
 from viasd_adapters.routing import RoutingMask  # noqa: E402
 from viasd_adapters.sampling import Sampler, SamplingConfig  # noqa: E402
 from viasd_adapters.verify import ConfidencePolicy, Tier  # noqa: E402
@@ -210,6 +212,69 @@ def test_stop_token_ends_the_generation(tiny_pair):
     stop = full[5]
     cut = decoder.generate(PROMPT, 20, stop_token_ids=(stop,)).tokens
     assert cut == full[: full.index(stop) + 1]
+
+
+# ----------------------------------------------------------------------------- reduced draft vocabulary
+def _vocabulary(model, exclude=()) -> DraftVocabulary:
+    V = model.config.vocab_size
+    return DraftVocabulary([i for i in range(0, V, 2) if i not in set(exclude)], V)
+
+
+def test_vocabulary_draft_head_scores_the_kept_ids_as_the_lm_head_does(tiny_pair):
+    model = _target(tiny_pair)
+    vocab = _vocabulary(model)
+    head = VocabularyDraftHead(ReducedHead(model, vocab), model.config.vocab_size)
+    hidden = torch.randn(3, model.config.hidden_size)
+    full, restricted = model.get_output_embeddings()(hidden), head(hidden)
+    kept = torch.tensor(vocab.token_ids)
+    assert restricted.shape == full.shape
+    torch.testing.assert_close(restricted[:, kept], full[:, kept])
+    outside = torch.ones(full.shape[1], dtype=torch.bool)
+    outside[kept] = False
+    assert torch.isneginf(restricted[:, outside]).all()
+
+
+def test_reduced_vocabulary_eagle_drafts_only_kept_ids_and_stays_lossless(tiny_pair):
+    _, target, head = tiny_pair
+    model = _target(tiny_pair)
+    ar = AutoregressiveDecoder(model).generate(PROMPT, 40)
+    vocab = _vocabulary(model)
+    decoder = EagleDecoder(target=model, head=head, vocabulary=vocab)
+    scored = []
+    hook = decoder.model.draft_head.register_forward_hook(lambda module, args, out: scored.append(out))
+    try:
+        out = decoder.generate(PROMPT, 40)
+    finally:
+        hook.remove()
+    assert out.tokens == ar.tokens  # fp32, greedy: the target's tokens whatever the draft proposes
+    assert len(scored) >= out.stats.model_calls["eagle_head"].calls > 0  # every tree growth scored with it
+    kept = torch.zeros(model.config.vocab_size, dtype=torch.bool)
+    kept[vocab.token_ids] = True
+    assert all(torch.isneginf(logits[..., ~kept]).all() for logits in scored)
+    assert "topK_genrate" not in decoder.model.ea.ea_layer.__dict__  # the EaModel is left as it was
+
+
+def test_reduced_vocabulary_eagle_sampling_samples_the_target(tmp_path):
+    """Statistical: the proposal is renormalised over the kept ids, the target's likeliest 2nd
+    token among those left out, so only exact residual sampling gives the target's marginals."""
+    loaded = tiny(seed=0, architecture="llama", init_std=0.5)
+    loaded.model.save_pretrained(tmp_path / "target")
+    loaded.tokenizer.save_pretrained(tmp_path / "target")
+    config = head_config(loaded.model.config, intermediate_size=96)
+    torch.manual_seed(0)
+    save_head(build_head(config), config, tmp_path / "head", full=False, compact=True)
+    ea = load_ea_model(tmp_path / "target", tmp_path / "head")
+    exact = exact_marginals(ea.base_model.target, PROMPT, 3)  # [3, V]
+    likeliest = exact[1].topk(3).indices.tolist()
+    decoder = EagleDecoder(ea_model=ea, vocabulary=_vocabulary(ea.base_model.target, exclude=likeliest))
+    M = 500
+    counts = torch.zeros_like(exact)
+    for seed in range(M):
+        out = decoder.generate(PROMPT, 3, SamplingConfig(temperature=1.0, seed=seed))
+        counts[torch.arange(3), torch.tensor(out.tokens)] += 1
+    assert float(exact[1, likeliest].sum()) > 0.2  # the left-out ids matter
+    for i in (1, 2):
+        assert chi_square_p(counts[i], exact[i]) > P_MIN, i
 
 
 # ----------------------------------------------------------------------------- decide_tree, by hand

@@ -19,7 +19,7 @@ from ..models import load_model
 from ..pipeline import encode_prompt
 from ..profile import (
     Choice, LatencyProfile, ProfileGrid, choose_configuration, default_profile_path, load_profile,
-    measure_profile, missing_points, usable_threads,
+    measure_profile, missing_points, split_variant, usable_threads,
 )
 from ..verify import LosslessVerifier
 from . import entry_point
@@ -78,14 +78,16 @@ def decode_both(cfg: DictConfig, profile: LatencyProfile, choice: Choice) -> lis
     target = load_model(instantiate(pair.target, dtype=choice.dtype, device=device))
     decoders = {f"greedy AR ({choice.dtype})": AutoregressiveDecoder(target.model)}
     if choice.framework == "sd":
-        draft = load_model(instantiate(pair.draft, dtype=choice.draft_dtype, device=device))
+        draft_dtype, quantization = split_variant(choice.draft_dtype)
+        draft = load_model(instantiate(pair.draft, dtype=draft_dtype, device=device))
         schedule = AdaptiveDraftLength(
             lambda threads: profile.draft_costs(pair.draft.name, pair.target.name, choice.dtype, choice.draft_dtype,
                                                 threads, cfg.context, cfg.k_max + 1),
             k_max=cfg.k_max, prior_acceptance=choice.acceptance,
         )
         label = f"SD (target {choice.dtype}, draft {choice.draft_dtype}, adaptive K from {choice.num_draft_tokens})"
-        decoders[label] = SpeculativeDecoder(ModelDrafter(draft.model), LosslessVerifier(target.model), draft_length=schedule)
+        drafter = ModelDrafter(draft.model, quantize=quantization)
+        decoders[label] = SpeculativeDecoder(drafter, LosslessVerifier(target.model), draft_length=schedule)
     ids = encode_prompt(target, cfg.prompt, cfg.chat_template)
     sampling = instantiate(cfg.sampling)
     out = []
@@ -104,7 +106,7 @@ def run(cfg: DictConfig) -> ProfileOutcome:
     threads = [cfg.threads] if cfg.threads else usable_threads(grid.threads, device)
     choice = choose_configuration(
         profile, cfg.model_pair.draft.name, cfg.model_pair.target.name, cfg.acceptance, threads,
-        dtypes=grid.dtypes, k_max=cfg.k_max, context=cfg.context,
+        dtypes=grid.dtypes, draft_dtypes=grid.dtypes + grid.variants, k_max=cfg.k_max, context=cfg.context,
     )
     decoded = []
     if cfg.prompt:

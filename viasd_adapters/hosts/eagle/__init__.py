@@ -35,6 +35,8 @@ from .head import (  # noqa: E402
     read_config,
     rewind_head,
     save_head,
+    tree_growth_head,
+    VocabularyDraftHead,
 )
 from .kv import BufferCache, KVBuffers, head_dim  # noqa: E402
 from .loading import BACKENDS, ea_model_from_target, load_ea_model  # noqa: E402
@@ -66,4 +68,6 @@ __all__ = [
     "rewind_head",
     "save_head",
     "tree_mask_4d",
+    "tree_growth_head",
+    "VocabularyDraftHead",
 ]

@@ -47,6 +47,7 @@ from transformers import PreTrainedModel
 
 from ...conf import config_file
 from ...decode import Decoder, DecodeStats, GenerationResult
+from ...models.vocab import DraftVocabulary, ReducedHead
 from ...routing import RoutingMask, SlimModel
 from ...runner import CallStats
 from ...sampling import Sampler, SamplingConfig
@@ -71,9 +72,11 @@ try:
         ea_model_from_target,
         extend_head,
         head_length,
+        VocabularyDraftHead,
         is_head_folder,
         layers_for,
         rewind_head,
+        tree_growth_head,
     )
 except ImportError as err:  # pragma: no cover - environment problem
     raise ImportError(
@@ -218,10 +221,15 @@ class TieredEagle(nn.Module):
         rejudge: greedy decoding: an escalation judges the whole tree, the drafts tier 1 accepted
             included (free: one forward). False, and always when sampling: the drafts tier 1
             accepted are committed and the full model judges the tree grown after them.
+        draft_vocabulary: the head grows its trees over these ids only (`DraftVocabulary`, a
+            shipped name or a JSON file; FR-Spec): the target's LM head restricted to them scores
+            the drafts, the target still verifies over the full vocabulary (lossless). None: the
+            full LM head, as stock EAGLE.
     """
 
     def __init__(self, ea_model: EaModel, routing: RoutingMask | str | Path | None = None,
-                 policy: TierPolicy | None = None, max_unverified: int = 16, rejudge: bool = True):
+                 policy: TierPolicy | None = None, max_unverified: int = 16, rejudge: bool = True,
+                 draft_vocabulary: DraftVocabulary | str | Path | None = None):
         super().__init__()
         if not isinstance(ea_model, EaModel):
             raise TypeError(f"TieredEagle wraps an eagle-llm EaModel, got {type(ea_model).__name__}")
@@ -240,6 +248,13 @@ class TieredEagle(nn.Module):
                 routing = RoutingMask.from_yaml(resolve_routing(routing))
             self.layers = layers_for(ea_model.base_model)
             self.routing = routing.bind(self.layers.num_layers)
+        self.draft_head = None
+        if draft_vocabulary is not None:
+            if not isinstance(draft_vocabulary, DraftVocabulary):
+                draft_vocabulary = DraftVocabulary.load(draft_vocabulary)
+            base = ea_model.base_model
+            target = getattr(base, "target", base)  # TransformersEagleBase wraps the transformers model
+            self.draft_head = VocabularyDraftHead(ReducedHead(target, draft_vocabulary), draft_vocabulary.vocab_size)
         self.stats: dict[str, CallStats] = {}
         self._tree_key = None
         self._tree_buffers = None
@@ -277,7 +292,7 @@ class TieredEagle(nn.Module):
         eos = self.ea.tokenizer.eos_token_id
         budget = max(1, min(max_new_tokens + 1, max_length - input_len + 1))
         ids = input_ids
-        with contextlib.closing(self._generate(input_ids, sampling, budget, tree_choices)) as states:
+        with self._drafting(), contextlib.closing(self._generate(input_ids, sampling, budget, tree_choices)) as states:
             for state in states:
                 ids = state.ids
                 if eos in ids[0, input_len:].tolist() or ids.shape[1] - input_len > max_new_tokens \
@@ -295,9 +310,13 @@ class TieredEagle(nn.Module):
         from the global torch and `random` generators, as eagle-llm does (`EagleDecoder` seeds
         them for the generation and restores them after).
         """
-        with contextlib.closing(self._generate(input_ids, sampling, max_new_tokens, tree_choices)) as states:
+        with self._drafting(), contextlib.closing(self._generate(input_ids, sampling, max_new_tokens, tree_choices)) as states:
             for state in states:
                 yield state.last
+
+    def _drafting(self):
+        """The head's tree growth with this wrapper's draft head (the EaModel is left as it was after)."""
+        return tree_growth_head(self.ea.ea_layer, self.draft_head)
 
     # ------------------------------------------------------------------ the loop
     def _tree_layout(self, tree_choices, device):
@@ -523,6 +542,7 @@ class EagleDecoder(Decoder):
     The tiers come from `verifier=` (what the `verifier` config group builds, as for every other
     host: `LosslessVerifier` is stock EAGLE, `TieredVerifier` gives its policy, routing mask,
     `max_unverified` and `rejudge` to the tree path) or, from Python, from `routing=` and `policy=`.
+`vocabulary` restricts what the head's tree growth scores (`TieredEagle`'s `draft_vocabulary`).
 
     `stats.drafted` counts D per round (the most a round can accept), `stats.steps` the rounds
     (the prefill, which yields the first token, is not one); `model_calls` has "target", "slim" and
@@ -533,7 +553,7 @@ class EagleDecoder(Decoder):
                  ea_model: EaModel | None = None, verifier: Verifier | None = None,
                  routing: RoutingMask | str | Path | None = None, policy: TierPolicy | None = None,
                  max_unverified: int = 16, rejudge: bool = True, tree: str | list = "mc_sim_7b_63",
-                 tokenizer_path: str | Path | None = None):
+                 tokenizer_path: str | Path | None = None, vocabulary: DraftVocabulary | str | Path | None = None):
         if ea_model is None and (target is None or head is None):
             raise ValueError("EagleDecoder needs ea_model=, or target= and head= (an EAGLE head folder)")
         if verifier is not None:
@@ -543,7 +563,7 @@ class EagleDecoder(Decoder):
         self.tree = _tree_from_name(tree)
         if ea_model is None:
             ea_model = ea_model_from_target(target, resolve_head(head), tokenizer_path)
-        self.model = TieredEagle(ea_model, routing, policy, max_unverified, rejudge)
+        self.model = TieredEagle(ea_model, routing, policy, max_unverified, rejudge, draft_vocabulary=vocabulary)
 
     @property
     def context_length(self) -> int:
@@ -565,8 +585,9 @@ class EagleDecoder(Decoder):
         tokens: list[int] = []
         sampled = sampling is not None and not sampling.greedy
         begin = time.perf_counter()
-        with _global_rng(sampling) if sampled else contextlib.nullcontext():
-            for result in self.model.rounds(input_ids, sampling, max_new_tokens, self.tree):
+        rounds = contextlib.closing(self.model.rounds(input_ids, sampling, max_new_tokens, self.tree))
+        with _global_rng(sampling) if sampled else contextlib.nullcontext(), rounds as results:
+            for result in results:
                 if result.num_drafted:
                     stats.steps += 1
                     stats.drafted += result.num_drafted

@@ -12,6 +12,7 @@ Two folder formats, both with eagle-llm's `config.json`:
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -140,3 +141,49 @@ def extend_head(ea_layer: nn.Module, features: torch.Tensor, next_tokens: torch.
     ea_layer.reset()  # clears the tree mask topK_genrate leaves behind
     _, kv = ea_layer(features, input_ids=next_tokens, past_key_values=kv, use_cache=True)
     ea_layer.stable_kv = kv
+
+
+# ----------------------------------------------------------------------------- reduced draft vocabulary
+class VocabularyDraftHead(nn.Module):
+    """The target's LM head scoring only a draft vocabulary (FR-Spec), for the head's tree growth.
+
+    eagle-llm's tree growth feeds the top-k ids of `head(hidden)` back to the head as token ids and
+    into the tree, so this returns logits over the full vocabulary, [..., V]: the N kept ids'
+    scores, -inf elsewhere. The product costs N / V of the full head's (32k of Qwen's 152k rows);
+    the scatter writes V values per row. In sampling, the draft distribution is then the
+    renormalised one over the kept ids, and eagle-llm's tree rejection sampling uses exactly it.
+    """
+
+    def __init__(self, reduced, vocab_size: int):
+        super().__init__()
+        self.reduced = reduced  # a viasd_adapters.models.vocab.ReducedHead of the target
+        self.vocab_size = vocab_size
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] head outputs -> [..., V] logits, -inf outside the draft vocabulary."""
+        logits = self.reduced(hidden)
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.reduced.token_ids, logits)
+
+
+@contextmanager
+def tree_growth_head(ea_layer: nn.Module, draft_head: nn.Module | None):
+    """While inside, every tree growth of `ea_layer` scores with `draft_head`, whatever head it is given.
+
+    eagle-llm's `initialize_tree` and `update_inference_inputs` call `topK_genrate` with the
+    target's LM head; this is the one seam that changes what the draft scores without copying
+    them. `draft_head=None` leaves the growth as it is.
+    """
+    if draft_head is None:
+        yield
+        return
+    grow = type(ea_layer).topK_genrate
+
+    def topK_genrate(hidden_states, input_ids, head=None, logits_processor=None, **kwargs):
+        return grow(ea_layer, hidden_states, input_ids, draft_head, logits_processor, **kwargs)
+
+    ea_layer.topK_genrate = topK_genrate
+    try:
+        yield
+    finally:
+        del ea_layer.topK_genrate
