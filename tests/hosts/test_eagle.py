@@ -179,9 +179,11 @@ def test_decoder_sampling_is_reproducible_and_leaves_global_rng_alone(tiny_pair)
     assert torch.equal(torch.get_rng_state(), before[0]) and random.getstate() == before[1]
 
 
-def test_tiered_sampling_with_a_perfect_slim_verifier_samples_the_target(tmp_path):
-    """Statistical: u = q and active tiers, so the 2nd and 3rd sampled tokens (the 1st is the
-    prefill's) follow the target's exact marginals; the slim tier settles many of them."""
+@pytest.fixture(scope="module")
+def peaked_eagle(tmp_path_factory):
+    """(EaModel, exact marginals [3, V] of the first 3 sampled tokens after PROMPT) of a tiny
+    Llama peaked enough that the tiers matter."""
+    tmp_path = tmp_path_factory.mktemp("peaked-eagle")
     loaded = tiny(seed=0, architecture="llama", init_std=0.5)  # peaked enough that the tiers matter
     loaded.model.save_pretrained(tmp_path / "target")
     loaded.tokenizer.save_pretrained(tmp_path / "target")
@@ -189,8 +191,14 @@ def test_tiered_sampling_with_a_perfect_slim_verifier_samples_the_target(tmp_pat
     torch.manual_seed(0)
     save_head(build_head(config), config, tmp_path / "head", full=False, compact=True)
     ea = load_ea_model(tmp_path / "target", tmp_path / "head")
+    return ea, exact_marginals(ea.base_model.target, PROMPT, 3)
+
+
+def test_tiered_sampling_with_a_perfect_slim_verifier_samples_the_target(peaked_eagle):
+    """Statistical: u = q and active tiers, so the 2nd and 3rd sampled tokens (the 1st is the
+    prefill's) follow the target's exact marginals; the slim tier settles many of them."""
+    ea, exact = peaked_eagle
     decoder = EagleDecoder(ea_model=ea, routing=RoutingMask.none(), policy=ConfidencePolicy(0.3, 0.0, 0.3))
-    exact = exact_marginals(ea.base_model.target, PROMPT, 3)  # [3, V]
     M = 500
     counts, tiers = torch.zeros_like(exact), {}
     for seed in range(M):
@@ -254,17 +262,10 @@ def test_reduced_vocabulary_eagle_drafts_only_kept_ids_and_stays_lossless(tiny_p
     assert "topK_genrate" not in decoder.model.ea.ea_layer.__dict__  # the EaModel is left as it was
 
 
-def test_reduced_vocabulary_eagle_sampling_samples_the_target(tmp_path):
+def test_reduced_vocabulary_eagle_sampling_samples_the_target(peaked_eagle):
     """Statistical: the proposal is renormalised over the kept ids, the target's likeliest 2nd
     token among those left out, so only exact residual sampling gives the target's marginals."""
-    loaded = tiny(seed=0, architecture="llama", init_std=0.5)
-    loaded.model.save_pretrained(tmp_path / "target")
-    loaded.tokenizer.save_pretrained(tmp_path / "target")
-    config = head_config(loaded.model.config, intermediate_size=96)
-    torch.manual_seed(0)
-    save_head(build_head(config), config, tmp_path / "head", full=False, compact=True)
-    ea = load_ea_model(tmp_path / "target", tmp_path / "head")
-    exact = exact_marginals(ea.base_model.target, PROMPT, 3)  # [3, V]
+    ea, exact = peaked_eagle
     likeliest = exact[1].topk(3).indices.tolist()
     decoder = EagleDecoder(ea_model=ea, vocabulary=_vocabulary(ea.base_model.target, exclude=likeliest))
     M = 500
@@ -439,7 +440,7 @@ def _eagle_decoder(tiny_random_eagle, *overrides, prefix="framework"):
     return cfg, build_decoder(node.framework, node.verifier, pair)
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle-tiered"])
+@pytest.mark.parametrize("method", ["eagle", "eagle-vocab", "eagle-tiered"])
 def test_eagle_bench_methods_take_the_verifier_routing_and_policy_groups(tiny_random_eagle, method):
     from hydra.utils import instantiate
 
@@ -449,7 +450,8 @@ def test_eagle_bench_methods_take_the_verifier_routing_and_policy_groups(tiny_ra
     assert isinstance(decoder, EagleDecoder)
     ids = torch.tensor([[10, 20, 30, 40]])
     out = decoder.generate(ids, 30)
-    if method == "eagle":  # verifier=full: stock EAGLE, lossless (fp32: AR's tokens)
+    assert (decoder.model.draft_head is not None) == (method == "eagle-vocab")  # the pair's draft vocabulary
+    if method != "eagle-tiered":  # verifier=full: stock EAGLE, lossless (fp32: AR's tokens)
         assert decoder.model.policy is None
         assert out.tokens == AutoregressiveDecoder(pair.target.model).generate(ids, 30).tokens
     else:  # verifier=tiered: the pair's policy and routing mask drive the tree's tiers
