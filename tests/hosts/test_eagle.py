@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -518,8 +519,12 @@ def test_head_training_runs_a_few_steps_and_resumes(tmp_path):
     first = run(cfg(2))
     assert first.steps == 2 and (tmp_path / "head" / "checkpoint.pt").is_file()
     generated = (tmp_path / "head" / "generations.jsonl").read_text()
+    recipe = json.loads((tmp_path / "head" / "recipe.json").read_text())
+    (tmp_path / "head" / "recipe.json").unlink()  # a run stopped in training writes no recipe
     second = run(cfg(4))
     assert second.steps == 4
+    for stage in ("generate", "features", "train"):  # the first run's stage times are kept and added to
+        assert second.seconds[stage] >= recipe["seconds"][stage] > 0
     assert (tmp_path / "head" / "generations.jsonl").read_text() == generated  # not generated again
     state = torch.load(tmp_path / "head" / "checkpoint.pt", weights_only=False)
     assert [h["step"] for h in state["history"]] == [1, 2, 3, 4]

@@ -40,6 +40,7 @@ GENERATIONS = "generations.jsonl"
 FEATURES = "features.pt"
 CHECKPOINT = "checkpoint.pt"
 RECIPE = "recipe.json"
+TIMINGS = "timings.json"  # wall and CPU seconds per finished stage, kept across resumed runs
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -417,18 +418,21 @@ def train_eagle_head(loaded: LoadedModel, cfg: EagleTrainingConfig, out_dir: str
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    recipe_path = out_dir / RECIPE
-    previous = json.loads(recipe_path.read_text()) if resume and recipe_path.is_file() else {}
-    seconds, cpu_seconds = previous.get("seconds", {}), previous.get("cpu_seconds", {})
+    recipe_path, timings_path = out_dir / RECIPE, out_dir / TIMINGS
     if not resume:
-        for name in (GENERATIONS, FEATURES, CHECKPOINT):
+        for name in (GENERATIONS, FEATURES, CHECKPOINT, TIMINGS):
             (out_dir / name).unlink(missing_ok=True)
+    previous = json.loads(timings_path.read_text()) if timings_path.is_file() else {}
+    seconds, cpu_seconds = previous.get("seconds", {}), previous.get("cpu_seconds", {})
 
-    def timed(stage, fn, *args, **kwargs):  # wall and CPU time per stage, added up over resumed runs
+    def timed(stage, fn, *args, **kwargs):
+        # Added up over resumed runs and saved as each stage ends, so a run stopped in a later
+        # stage keeps the earlier stages' times (a stage stopped midway loses its own so far).
         begin, cpu = time.perf_counter(), time.process_time()
         result = fn(*args, **kwargs)
         seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - begin
         cpu_seconds[stage] = cpu_seconds.get(stage, 0.0) + time.process_time() - cpu
+        timings_path.write_text(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds}) + "\n")
         return result
 
     prompts = training_prompts(cfg.split)
