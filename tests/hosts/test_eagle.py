@@ -223,6 +223,28 @@ def test_stop_token_ends_the_generation(tiny_pair):
     assert cut == full[: full.index(stop) + 1]
 
 
+def test_a_custom_tree_is_grown_by_the_head_and_stays_lossless(tiny_pair):
+    from eagle.model.utils_c import generate_tree_buffers as head_tree_buffers
+
+    _, target, head = tiny_pair
+    model = _target(tiny_pair)
+    tree = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]  # depth 3, not mc_sim_7b_63's 5
+    decoder = EagleDecoder(target=model, head=head, tree=tree)
+    ea_layer = decoder.model.ea.ea_layer
+    forwards = []
+    hook = ea_layer.register_forward_hook(lambda module, args, out: forwards.append(1))
+    try:
+        out = decoder.generate(PROMPT, 30)
+    finally:
+        hook.remove()
+    assert out.tokens == AutoregressiveDecoder(model).generate(PROMPT, 30).tokens
+    growths = out.stats.model_calls["eagle_head"].calls + 1  # + the prefill's
+    levels = len(head_tree_buffers(tree, device="cpu")["tree_indices"])
+    assert len(forwards) == growths * (1 + levels)  # one forward per level of *this* tree
+    assert out.stats.drafted == 3 * out.stats.steps
+    assert ea_layer.tree == mc_sim_7b_63 and "topK_genrate" not in ea_layer.__dict__  # left as it was
+
+
 # ----------------------------------------------------------------------------- reduced draft vocabulary
 def _vocabulary(model, exclude=()) -> DraftVocabulary:
     V = model.config.vocab_size
@@ -367,6 +389,11 @@ def test_decide_tree_sampling_settles_tokens_distributed_as_u():
 
 
 # ----------------------------------------------------------------------------- integration pieces
+def test_a_missing_head_says_how_to_train_and_pass_one(tiny_pair, tmp_path):
+    with pytest.raises(ValueError, match="viasd-train-eagle .*framework.decoder.head=FOLDER"):
+        EagleDecoder(target=_target(tiny_pair), head=tmp_path / "no-head")
+
+
 def test_policy_without_routing_is_refused(tiny_pair):
     with pytest.raises(ValueError, match="routing"):
         TieredEagle(_stock(tiny_pair), policy=ConfidencePolicy())

@@ -35,7 +35,7 @@ from .head import (  # noqa: E402
     read_config,
     rewind_head,
     save_head,
-    tree_growth_head,
+    tree_growth,
     VocabularyDraftHead,
 )
 from .kv import BufferCache, KVBuffers, head_dim  # noqa: E402
@@ -68,6 +68,6 @@ __all__ = [
     "rewind_head",
     "save_head",
     "tree_mask_4d",
-    "tree_growth_head",
+    "tree_growth",
     "VocabularyDraftHead",
 ]

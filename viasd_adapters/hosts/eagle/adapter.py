@@ -57,6 +57,7 @@ from ...verify.decision import SlimScores, TierDecision, decide
 try:
     from eagle.model import choices as eagle_choices
     from eagle.model.ea_model import EaModel
+    from eagle.model.utils_c import generate_tree_buffers as head_tree_buffers
     from eagle.model.utils import (
         evaluate_posterior,
         generate_candidates,
@@ -76,7 +77,7 @@ try:
         is_head_folder,
         layers_for,
         rewind_head,
-        tree_growth_head,
+        tree_growth,
     )
 except ImportError as err:  # pragma: no cover - environment problem
     raise ImportError(
@@ -292,7 +293,7 @@ class TieredEagle(nn.Module):
         eos = self.ea.tokenizer.eos_token_id
         budget = max(1, min(max_new_tokens + 1, max_length - input_len + 1))
         ids = input_ids
-        with self._drafting(), contextlib.closing(self._generate(input_ids, sampling, budget, tree_choices)) as states:
+        with contextlib.closing(self._generate(input_ids, sampling, budget, tree_choices)) as states:
             for state in states:
                 ids = state.ids
                 if eos in ids[0, input_len:].tolist() or ids.shape[1] - input_len > max_new_tokens \
@@ -310,13 +311,9 @@ class TieredEagle(nn.Module):
         from the global torch and `random` generators, as eagle-llm does (`EagleDecoder` seeds
         them for the generation and restores them after).
         """
-        with self._drafting(), contextlib.closing(self._generate(input_ids, sampling, max_new_tokens, tree_choices)) as states:
+        with contextlib.closing(self._generate(input_ids, sampling, max_new_tokens, tree_choices)) as states:
             for state in states:
                 yield state.last
-
-    def _drafting(self):
-        """The head's tree growth with this wrapper's draft head (the EaModel is left as it was after)."""
-        return tree_growth_head(self.ea.ea_layer, self.draft_head)
 
     # ------------------------------------------------------------------ the loop
     def _tree_layout(self, tree_choices, device):
@@ -325,6 +322,8 @@ class TieredEagle(nn.Module):
             buffers = generate_tree_buffers(tree_choices, device=device)
             buffers["retrieve_indices_head"] = buffers["retrieve_indices"].to(self.ea.base_model.lm_head.weight.device)
             buffers["parents"] = _parents(buffers["retrieve_indices"], buffers["tree_indices"].numel())
+            # the head grows this tree too (eagle-llm's head keeps mc_sim_7b_63's layout otherwise)
+            buffers["head"] = head_tree_buffers(tree_choices, device=self.ea.ea_layer.embed_tokens.weight.device)
             self._tree_key, self._tree_buffers = key, buffers
         return self._tree_buffers
 
@@ -354,19 +353,20 @@ class TieredEagle(nn.Module):
             attending = [i for i in range(L) if self.routing.runs_attention(i)]
             g_slim = KVBuffers(config, attending, max_length, dtype, device)
 
-        # 0. prefill: the target reads the prompt, picks the root, the head grows the first tree
-        self.ea.ea_layer.reset_kv()
-        reset_tree_mode(self.ea)
-        begin = time.perf_counter()
-        head_out, _, _, root = initialize_tree(input_ids, self.ea, buffers["tree_attn_mask"], g_full.caches,
-                                               logits_processor)
-        self.stats["target"].add(T, time.perf_counter() - begin)
-        g = _Generation(input_ids.clone(), root.reshape(1, 1).to(input_ids.device), head_out, g_full, g_slim)
-        g.last = RoundResult([int(g.root)], 0, 0, {Tier.ESCALATE: 1})
-        yield g
-        while True:
-            g.last = self._round(g, buffers, sampler, logits_processor)
+        with tree_growth(self.ea.ea_layer, tree_choices, buffers["head"], self.draft_head):
+            # 0. prefill: the target reads the prompt, picks the root, the head grows the first tree
+            self.ea.ea_layer.reset_kv()
+            reset_tree_mode(self.ea)
+            begin = time.perf_counter()
+            head_out, _, _, root = initialize_tree(input_ids, self.ea, buffers["tree_attn_mask"], g_full.caches,
+                                                   logits_processor)
+            self.stats["target"].add(T, time.perf_counter() - begin)
+            g = _Generation(input_ids.clone(), root.reshape(1, 1).to(input_ids.device), head_out, g_full, g_slim)
+            g.last = RoundResult([int(g.root)], 0, 0, {Tier.ESCALATE: 1})
             yield g
+            while True:
+                g.last = self._round(g, buffers, sampler, logits_processor)
+                yield g
 
     def _round(self, g: _Generation, buffers, sampler: Sampler, logits_processor) -> RoundResult:
         # 1. draft: the head's tree
@@ -499,8 +499,9 @@ def resolve_head(head: str | Path) -> Path:
         if is_head_folder(candidate):
             return candidate
     raise ValueError(
-        f"no EAGLE head at {head} (config.json with head.safetensors or pytorch_model.bin):"
-        " train one with `viasd-train-eagle` (see docs/eagle.md)"
+        f"no EAGLE head at {head} (config.json with head.safetensors or pytorch_model.bin), nor shipped under"
+        f" that name: train one with `viasd-train-eagle model_pair=...` (it writes outputs/eagle/<target>/) and"
+        " pass that folder as framework.decoder.head=FOLDER (docs/eagle.md)"
     )
 
 

@@ -167,23 +167,26 @@ class VocabularyDraftHead(nn.Module):
 
 
 @contextmanager
-def tree_growth_head(ea_layer: nn.Module, draft_head: nn.Module | None):
-    """While inside, every tree growth of `ea_layer` scores with `draft_head`, whatever head it is given.
+def tree_growth(ea_layer: nn.Module, tree_choices: list, tree_buffers: dict, draft_head: nn.Module | None = None):
+    """While inside, `ea_layer` grows trees of shape `tree_choices` (`tree_buffers`: eagle-llm's
+    `utils_c.generate_tree_buffers` of them), scored by `draft_head` when one is given.
 
-    eagle-llm's `initialize_tree` and `update_inference_inputs` call `topK_genrate` with the
-    target's LM head; this is the one seam that changes what the draft scores without copying
-    them. `draft_head=None` leaves the growth as it is.
+    eagle-llm builds the head's tree layout once, for `mc_sim_7b_63`, whatever tree the caller
+    verifies with, and its `initialize_tree` and `update_inference_inputs` pass the target's full
+    LM head to `topK_genrate`. These are the seams that let a decoder choose both without copying
+    them; the head is left as it was on exit.
     """
-    if draft_head is None:
-        yield
-        return
-    grow = type(ea_layer).topK_genrate
+    saved = {name: getattr(ea_layer, name) for name in ("tree", "tree_buffer")}
+    ea_layer.tree, ea_layer.tree_buffer = tree_choices, tree_buffers
+    if draft_head is not None:
+        grow = type(ea_layer).topK_genrate
 
-    def topK_genrate(hidden_states, input_ids, head=None, logits_processor=None, **kwargs):
-        return grow(ea_layer, hidden_states, input_ids, draft_head, logits_processor, **kwargs)
+        def topK_genrate(hidden_states, input_ids, head=None, logits_processor=None, **kwargs):
+            return grow(ea_layer, hidden_states, input_ids, draft_head, logits_processor, **kwargs)
 
-    ea_layer.topK_genrate = topK_genrate
+        ea_layer.topK_genrate = topK_genrate
     try:
         yield
     finally:
-        del ea_layer.topK_genrate
+        ea_layer.__dict__.pop("topK_genrate", None)
+        ea_layer.tree, ea_layer.tree_buffer = saved["tree"], saved["tree_buffer"]
