@@ -170,3 +170,19 @@ def test_the_demo_decodes_with_a_chosen_int8_drafter_beside_greedy_ar(monkeypatc
     assert sd.result.tokens == ar.result.tokens and len(ar.result.tokens) == 12  # fp32 target: lossless
     assert int8_rows and int8 in sd.label  # the drafter that ran is the int8 copy
     assert sd.result.stats.accepted > 0
+
+
+def test_the_demo_report_says_where_the_tokens_part_and_why_in_bf16(tmp_path):
+    from viasd_adapters.cli.profile import Decoded, ProfileOutcome, report
+    from viasd_adapters.decode import DecodeStats, GenerationResult
+    from viasd_adapters.profile import Choice
+
+    def decoded(label, tokens):
+        return Decoded(label, GenerationResult(tokens, DecodeStats(new_tokens=len(tokens), seconds=1.0)), "text")
+
+    ar = decoded("greedy AR (bfloat16)", [1, 2, 3, 4, 5])
+    for dtype, tokens, says in [("bfloat16", [1, 2, 9, 4, 5], "the same first 2 tokens as greedy AR, then they part (bfloat16"),
+                                ("float32", [1, 2, 3, 4, 5], "same tokens as greedy AR")]:
+        choice = Choice("sd", dtype, "bfloat16", 2, 1.5, 7.5, 5.0, 2, 0.6)
+        text = report(ProfileOutcome(tmp_path, LatencyProfile(), False, choice, [ar, decoded("SD", tokens)]))
+        assert says in text.splitlines()[-1]

@@ -129,7 +129,14 @@ def report(outcome: ProfileOutcome) -> str:
         base = outcome.decoded[0].result
         for d in outcome.decoded:
             s = d.result.stats
-            same = "same tokens as greedy AR" if d.result.tokens == base.tokens else "tokens differ from greedy AR"
+            same = "same tokens as greedy AR"
+            if d.result.tokens != base.tokens:
+                first = next((i for i, (a, b) in enumerate(zip(d.result.tokens, base.tokens)) if a != b),
+                             min(len(d.result.tokens), len(base.tokens)))
+                same = f"the same first {first} tokens as greedy AR, then they part"
+                if outcome.choice.dtype != "float32":
+                    same += (f" ({outcome.choice.dtype}: a multi-token verify rounds differently from a one-token step"
+                             " where two tokens nearly tie; with an fp32 target the tokens are identical)")
             lines.append(
                 f"{d.label}: {s.tokens_per_second:.2f} tok/s, {s.tokens_per_second / base.stats.tokens_per_second:.2f}x greedy AR"
                 f" ({s.new_tokens} tokens, mean accepted length {s.mean_accepted_length:.2f}; {same})"

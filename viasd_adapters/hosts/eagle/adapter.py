@@ -543,7 +543,7 @@ class EagleDecoder(Decoder):
     The tiers come from `verifier=` (what the `verifier` config group builds, as for every other
     host: `LosslessVerifier` is stock EAGLE, `TieredVerifier` gives its policy, routing mask,
     `max_unverified` and `rejudge` to the tree path) or, from Python, from `routing=` and `policy=`.
-`vocabulary` restricts what the head's tree growth scores (`TieredEagle`'s `draft_vocabulary`).
+    `vocabulary` restricts what the head's tree growth scores (`TieredEagle`'s `draft_vocabulary`).
 
     `stats.drafted` counts D per round (the most a round can accept), `stats.steps` the rounds
     (the prefill, which yields the first token, is not one); `model_calls` has "target", "slim" and
