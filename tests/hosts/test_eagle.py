@@ -41,7 +41,7 @@ from viasd_adapters.hosts.eagle.adapter import (  # noqa: E402
     decide_tree,
 )
 from viasd_adapters.decode import AutoregressiveDecoder  # noqa: E402
-from viasd_adapters.models.vocab import DraftVocabulary, ReducedHead  # noqa: E402
+from viasd_adapters.models.vocab import DraftVocabulary  # noqa: E402
 from viasd_adapters.routing import RoutingMask  # noqa: E402
 from viasd_adapters.sampling import Sampler, SamplingConfig  # noqa: E402
 from viasd_adapters.verify import ConfidencePolicy, Tier  # noqa: E402
@@ -254,7 +254,7 @@ def _vocabulary(model, exclude=()) -> DraftVocabulary:
 def test_vocabulary_draft_head_scores_the_kept_ids_as_the_lm_head_does(tiny_pair):
     model = _target(tiny_pair)
     vocab = _vocabulary(model)
-    head = VocabularyDraftHead(ReducedHead(model, vocab), model.config.vocab_size)
+    head = VocabularyDraftHead(model, vocab)
     hidden = torch.randn(3, model.config.hidden_size)
     full, restricted = model.get_output_embeddings()(hidden), head(hidden)
     kept = torch.tensor(vocab.token_ids)

@@ -47,7 +47,7 @@ from transformers import PreTrainedModel
 
 from ...conf import config_file
 from ...decode import Decoder, DecodeStats, GenerationResult
-from ...models.vocab import DraftVocabulary, ReducedHead
+from ...models.vocab import DraftVocabulary
 from ...routing import RoutingMask, SlimModel
 from ...runner import CallStats
 from ...sampling import Sampler, SamplingConfig
@@ -255,7 +255,7 @@ class TieredEagle(nn.Module):
                 draft_vocabulary = DraftVocabulary.load(draft_vocabulary)
             base = ea_model.base_model
             target = getattr(base, "target", base)  # TransformersEagleBase wraps the transformers model
-            self.draft_head = VocabularyDraftHead(ReducedHead(target, draft_vocabulary), draft_vocabulary.vocab_size)
+            self.draft_head = VocabularyDraftHead(target, draft_vocabulary)
         self.stats: dict[str, CallStats] = {}
         self._tree_key = None
         self._tree_buffers = None

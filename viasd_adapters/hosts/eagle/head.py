@@ -19,6 +19,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ...models.vocab import ReducedHead
+
 CONFIG = "config.json"
 FULL_WEIGHTS = "pytorch_model.bin"  # eagle-llm's format
 COMPACT_WEIGHTS = "head.safetensors"  # ours: no embeddings
@@ -154,10 +156,12 @@ class VocabularyDraftHead(nn.Module):
     renormalised one over the kept ids, and eagle-llm's tree rejection sampling uses exactly it.
     """
 
-    def __init__(self, reduced, vocab_size: int):
+    def __init__(self, target, vocabulary):
+        """`target`: the transformers model whose LM head is restricted; `vocabulary`: a
+        `DraftVocabulary` of its tokenizer (checked against the head's size)."""
         super().__init__()
-        self.reduced = reduced  # a viasd_adapters.models.vocab.ReducedHead of the target
-        self.vocab_size = vocab_size
+        self.reduced = ReducedHead(target, vocabulary)
+        self.vocab_size = vocabulary.vocab_size  # the head's V: ReducedHead refuses any other
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] head outputs -> [..., V] logits, -inf outside the draft vocabulary."""
@@ -176,7 +180,7 @@ def tree_growth(ea_layer: nn.Module, tree_choices: list, tree_buffers: dict, dra
     LM head to `topK_genrate`. These are the seams that let a decoder choose both without copying
     them; the head is left as it was on exit.
     """
-    saved = {name: getattr(ea_layer, name) for name in ("tree", "tree_buffer")}
+    saved = ea_layer.tree, ea_layer.tree_buffer
     ea_layer.tree, ea_layer.tree_buffer = tree_choices, tree_buffers
     if draft_head is not None:
         grow = type(ea_layer).topK_genrate
@@ -189,4 +193,4 @@ def tree_growth(ea_layer: nn.Module, tree_choices: list, tree_buffers: dict, dra
         yield
     finally:
         ea_layer.__dict__.pop("topK_genrate", None)
-        ea_layer.tree, ea_layer.tree_buffer = saved["tree"], saved["tree_buffer"]
+        ea_layer.tree, ea_layer.tree_buffer = saved
