@@ -559,6 +559,50 @@ def test_head_training_runs_a_few_steps_and_resumes(tmp_path):
     assert (tmp_path / "head" / "config.json").is_file() and (tmp_path / "head" / FULL_WEIGHTS).is_file()
 
 
+def test_sampled_answers_are_seeded_resumed_and_held_out_with_their_prompt(tmp_path):
+    from viasd_adapters.hosts.eagle import TransformersEagleBase
+    from viasd_adapters.train.eagle import DataConfig, compute_features, generate_answers, split_by_prompt
+
+    loaded = tiny(seed=0)
+    prompts = [(f"p{i}", text) for i, text in enumerate(["hello world", "the cat", "def foo", "1 2 3", "abc"])]
+    cfg = DataConfig(max_new_tokens=6, batch_size=2, sampled_answers=2, temperature=1.0, chat_template=False)
+    first = generate_answers(loaded, prompts, cfg, tmp_path / "a.jsonl", progress=False)
+    assert [g["id"] for g in first] == [f"p{i}" for i in range(5)] + [f"p{i}#{k}" for k in (1, 2) for i in range(5)]
+    again = generate_answers(loaded, prompts, cfg, tmp_path / "b.jsonl", progress=False)
+    assert again == first  # seeded
+    other = generate_answers(loaded, prompts, DataConfig(**{**cfg.__dict__, "seed": 1}), tmp_path / "c.jsonl",
+                             progress=False)
+    assert [g["answer_ids"] for g in other[5:]] != [g["answer_ids"] for g in first[5:]]
+    assert [g["answer_ids"] for g in other[:5]] == [g["answer_ids"] for g in first[:5]]  # greedy: unseeded
+    lines = (tmp_path / "a.jsonl").read_text()
+    assert generate_answers(loaded, prompts, cfg, tmp_path / "a.jsonl", progress=False) == first
+    assert (tmp_path / "a.jsonl").read_text() == lines  # nothing generated twice
+
+    base = TransformersEagleBase(loaded.model)
+    calls, forward = [], base.model.forward
+    base.model.forward = lambda *args, **kwargs: calls.append(1) or forward(*args, **kwargs)
+    features = compute_features(base, first[:5], cfg, tmp_path / "f.pt", progress=False)
+    grown = compute_features(base, first, cfg, tmp_path / "f.pt", progress=False)
+    assert len(calls) == len(grown["sequences"]) == len(first)  # the greedy answers' features are reused
+    for old, new in zip(features["sequences"], grown["sequences"]):
+        assert torch.equal(old["features"], new["features"])
+
+    train, held_out = split_by_prompt(grown["sequences"], eval_fraction=0.4, seed=0)
+    held = {s["prompt"] for s in held_out}
+    assert len(held) == 2 and not held & {s["prompt"] for s in train}
+    assert len(held_out) == 2 and not any(s["sampled"] for s in held_out)
+    assert len(train) == 3 * 3
+
+
+def test_sampled_answers_need_a_positive_temperature():
+    from viasd_adapters.train.eagle import DataConfig
+
+    with pytest.raises(ValueError, match="temperature"):
+        DataConfig(sampled_answers=1, temperature=0.0)
+    with pytest.raises(ValueError, match="sampled_answers"):
+        DataConfig(sampled_answers=-1)
+
+
 # ----------------------------------------------------------------------------- real models
 def _smollm2():
     """SmolLM2-135M-Instruct's cached folder, converted from its PyPI package here if needed (so

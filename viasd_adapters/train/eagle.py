@@ -3,13 +3,17 @@
 Stages (each one's output is a file in `out_dir`, so an interrupted run resumes where it stopped):
 
 1. prompts: Spec-Bench and HumanEval prompts *outside* the evaluation split (`PromptSplit`);
-2. generations (`generations.jsonl`, one line per prompt): the target's own greedy answers;
+2. generations (`generations.jsonl`, one line per answer): the target's own greedy answer to each
+   prompt and, optionally, `sampled_answers` more drawn at `temperature` (more data from the same
+   prompts: the training split holds only a few hundred);
 3. features (`features.pt`): the target's normed last hidden states f_t over prompt + answer,
-   computed by the same base model the head will run against (`TransformersEagleBase`);
+   computed by the same base model the head will run against (`TransformersEagleBase`); kept per
+   sequence, so added answers only cost their own;
 4. training (`checkpoint.pt` every `save_every` steps): eagle-llm's head (`cnets.Model`) reads
    (f_t, x_{t+1}) and regresses f_{t+1} (smooth L1, weight `v_weight`) and matches the target's
    next-token distribution through the target's LM head (cross-entropy, weight `p_weight`), on
-   answer positions only, with uniform noise on its input features (EAGLE's recipe);
+   answer positions only, with uniform noise on its input features (EAGLE's recipe); the held-out
+   prompts (all their answers) are never trained on, and the figure is on their greedy answers;
 5. the head: `config.json` + `pytorch_model.bin` (eagle-llm's format, what
    `EaModel.from_pretrained` reads) + `head.safetensors` (compact, no embeddings) + `recipe.json`.
 
@@ -24,6 +28,7 @@ import math
 import os
 import random
 import time
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -70,10 +75,19 @@ class DataConfig:
     """How the self-distillation data is generated."""
 
     max_prompt_tokens: int = 192  # user messages are cut to this many tokens (Spec-Bench articles are long)
-    max_new_tokens: int = 128  # the target's answer per prompt (greedy)
+    max_new_tokens: int = 128  # the target's answer per prompt
+    sampled_answers: int = 0  # answers per prompt drawn at `temperature`, beside the greedy one
+    temperature: float = 0.7  # of the sampled answers
+    seed: int = 0  # of the sampled answers (each batch seeded from its answers' ids)
     batch_size: int = 16  # prompts generated together (left padding)
     chat_template: bool = True  # wrap prompts in the target's chat template when it has one
     max_seq_len: int = 384  # prompt + answer tokens kept for training
+
+    def __post_init__(self) -> None:
+        if self.sampled_answers < 0:
+            raise ValueError(f"data.sampled_answers must be >= 0, got {self.sampled_answers}")
+        if self.sampled_answers and not self.temperature > 0:
+            raise ValueError(f"data.temperature must be > 0 to sample answers, got {self.temperature}")
 
 
 @dataclass
@@ -154,78 +168,95 @@ def _encode(loaded: LoadedModel, text: str, cfg: DataConfig) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- stage 2: generations
+def answer_id(prompt_id: str, sample: int) -> str:
+    """The id of a prompt's greedy answer (sample 0) or of its sampled answer `sample`."""
+    return prompt_id if sample == 0 else f"{prompt_id}#{sample}"
+
+
+def prompt_of(answer: str) -> str:
+    return answer.split("#", 1)[0]
+
+
 @torch.no_grad()
 def generate_answers(loaded: LoadedModel, prompts: list[tuple[str, str]], cfg: DataConfig, path: Path,
                      progress: bool = True) -> list[dict]:
-    """The target's greedy answers, appended to `path` (JSONL) as they come; done prompts are skipped."""
+    """The target's answers, appended to `path` (JSONL) as they come; done answers are skipped.
+
+    Returned in order: every prompt's greedy answer, then each round of `cfg.sampled_answers`.
+    """
     done: dict[str, dict] = {}
     if path.is_file():
         for line in path.read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
                 done[row["id"]] = row
-    todo = [(pid, text) for pid, text in prompts if pid not in done]
+    wanted = [(answer_id(pid, k), text, k) for k in range(1 + cfg.sampled_answers) for pid, text in prompts]
+    todo = [w for w in wanted if w[0] not in done]
     model, tokenizer = loaded.model, loaded.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else loaded.stop_token_ids[0]
     stops = set(loaded.stop_token_ids)
-    bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc="generate", disable=not progress)
+    bar = tqdm(total=len(wanted), initial=len(wanted) - len(todo), desc="generate", disable=not progress)
+    # greedy and sampled answers never share a batch (one generate call each)
+    batches = [group[b : b + cfg.batch_size] for sampled in (False, True)
+               for group in [[w for w in todo if (w[2] > 0) == sampled]]
+               for b in range(0, len(group), cfg.batch_size)]
     with path.open("a") as out:
-        for b in range(0, len(todo), cfg.batch_size):
-            batch = todo[b : b + cfg.batch_size]
-            encoded = [_encode(loaded, text, cfg) for _, text in batch]
+        for batch in batches:
+            encoded = [_encode(loaded, text, cfg) for _, text, _ in batch]
             width = max(len(e) for e in encoded)
             ids = torch.full((len(batch), width), pad, dtype=torch.long)
             mask = torch.zeros((len(batch), width), dtype=torch.long)
             for i, e in enumerate(encoded):  # left padding
                 ids[i, width - len(e) :] = torch.tensor(e)
                 mask[i, width - len(e) :] = 1
-            outputs = model.generate(
-                input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=False,
-                max_new_tokens=cfg.max_new_tokens, pad_token_id=pad, eos_token_id=list(stops),
-            )
-            for (pid, _), e, row in zip(batch, encoded, outputs[:, width:].tolist()):
+            sampled = batch[0][2] > 0
+            options = dict(do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0) if sampled \
+                else dict(do_sample=False)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(cfg.seed ^ zlib.crc32(" ".join(w[0] for w in batch).encode()))
+                outputs = model.generate(
+                    input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+                    max_new_tokens=cfg.max_new_tokens, pad_token_id=pad, eos_token_id=list(stops), **options,
+                )
+            for (rid, _, _), e, row in zip(batch, encoded, outputs[:, width:].tolist()):
                 answer = []
                 for token in row:
                     answer.append(token)
                     if token in stops:
                         break
-                record = {"id": pid, "prompt_ids": e, "answer_ids": answer}
+                record = {"id": rid, "prompt_ids": e, "answer_ids": answer}
                 out.write(json.dumps(record) + "\n")
                 out.flush()
-                done[pid] = record
+                done[rid] = record
             bar.update(len(batch))
     bar.close()
-    return [done[pid] for pid, _ in prompts]
+    return [done[rid] for rid, _, _ in wanted]
 
 
 # ----------------------------------------------------------------------------- stage 3: features
 @torch.no_grad()
 def compute_features(base, generations: list[dict], cfg: DataConfig, path: Path, progress: bool = True) -> dict:
-    """Per sequence: ids [T], features [T, H] (float16) and the index of the first answer token."""
+    """Per sequence: ids [T], features [T, H] (float16), the index of the first answer token and
+    its prompt's id. Sequences `path` already holds (same token ids) are reused."""
+    known: dict[tuple, dict] = {}
     if path.is_file():
-        data = torch.load(path, weights_only=False)
-        if data["ids_digest"] == _digest(generations, cfg):
-            return data
-        logger.info("%s was made from other generations; recomputing", path)
-    sequences = []
+        known = {tuple(s["ids"].tolist()): s for s in torch.load(path, weights_only=False)["sequences"]}
+    sequences, computed = [], 0
     for g in tqdm(generations, desc="features", disable=not progress):
         ids = (g["prompt_ids"] + g["answer_ids"])[: cfg.max_seq_len]
         if len(ids) <= len(g["prompt_ids"]) + 1:
             continue  # nothing of the answer survives the cut
-        x = torch.tensor([ids], device=base.lm_head.weight.device)
-        hidden = base.model(input_ids=x)[0][0]  # [T, H] normed last hidden states
-        sequences.append({"ids": torch.tensor(ids), "features": hidden.to(torch.float16).cpu(),
-                          "answer_start": len(g["prompt_ids"])})
-    data = {"sequences": sequences, "ids_digest": _digest(generations, cfg)}
-    _atomic_save(data, path)
+        features = known[tuple(ids)]["features"] if tuple(ids) in known else None
+        if features is None:
+            x = torch.tensor([ids], device=base.lm_head.weight.device)
+            features = base.model(input_ids=x)[0][0].to(torch.float16).cpu()  # [T, H] normed last hidden states
+            computed += 1
+        sequences.append({"ids": torch.tensor(ids), "features": features, "answer_start": len(g["prompt_ids"]),
+                          "prompt": prompt_of(g["id"]), "sampled": g["id"] != prompt_of(g["id"])})
+    data = {"sequences": sequences}
+    if computed or len(known) != len(sequences):
+        _atomic_save(data, path)
     return data
-
-
-def _digest(generations: list[dict], cfg: DataConfig) -> str:
-    import hashlib
-
-    payload = json.dumps([[g["prompt_ids"], g["answer_ids"]] for g in generations] + [cfg.max_seq_len])
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def _atomic_save(obj, path: Path) -> None:
@@ -321,19 +352,25 @@ def evaluate(head, lm_head: torch.Tensor, sequences: list[dict], cfg: TrainConfi
     return hits / max(total, 1.0)
 
 
+def split_by_prompt(sequences: list[dict], eval_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """(training, held-out) sequences: `eval_fraction` of the prompts held out with all their
+    answers (a sampled answer in training would leak its prompt); held-out keeps the greedy ones."""
+    prompts = list(dict.fromkeys(s["prompt"] for s in sequences))
+    if len(prompts) < 2:
+        raise ValueError(f"{len(prompts)} training prompts: generate more (data.split.num_prompts)")
+    order = random.Random(seed).sample(prompts, len(prompts))
+    held = set(order[: max(1, int(len(prompts) * eval_fraction))] if eval_fraction > 0 else [])
+    return ([s for s in sequences if s["prompt"] not in held],
+            [s for s in sequences if s["prompt"] in held and not s["sampled"]])
+
+
 def train_head(target_model, features: dict, head_cfg: dict, cfg: TrainConfig, out_dir: Path,
                progress: bool = True, resume: bool = True) -> tuple:
     """Train eagle-llm's head on `features`; returns (head, steps, eval top-1, train sequences)."""
     from viasd_adapters.hosts.eagle import build_head
 
     torch.manual_seed(cfg.seed)
-    sequences = features["sequences"]
-    if len(sequences) < 2:
-        raise ValueError(f"{len(sequences)} training sequences: generate more (data.split.num_prompts)")
-    split = random.Random(cfg.seed).sample(range(len(sequences)), len(sequences))
-    n_eval = max(1, int(len(sequences) * cfg.eval_fraction)) if cfg.eval_fraction > 0 else 0
-    held_out = [sequences[i] for i in split[:n_eval]]
-    train = [sequences[i] for i in split[n_eval:]]
+    train, held_out = split_by_prompt(features["sequences"], cfg.eval_fraction, cfg.seed)
 
     head = build_head(head_cfg).float()
     head.gradient_checkpointing = False  # eagle-llm turns it on; on a CPU it only costs time
