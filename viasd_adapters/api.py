@@ -33,7 +33,7 @@ from hydra.utils import instantiate
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
-from .conf import config_file, config_names
+from .conf import ROUTING_FORMS, named_config
 from .decode import AutoregressiveDecoder, Decoder, DecodeStats, SpeculativeDecoder
 from .draft import CascadeDrafter, Drafter, ModelDrafter, PromptLookupDrafter
 from .models import LoadedModel
@@ -69,14 +69,6 @@ def pretrained_path(name: str | Path) -> str:
     return str(ensure_cached(str(name))) if str(name) in OFFLINE_MODELS else str(name)
 
 
-def _named_config(group: str, name: str | Path, what: str, forms: str) -> Path:
-    """The YAML file `name` stands for (a path, or an option of config `group`), or a clear error."""
-    path = config_file(group, name)
-    if path is None:
-        raise ValueError(f"no {what} {str(name)!r}: give {forms} or the name of one of {', '.join(config_names(group))}")
-    return path
-
-
 def routing_mask(routing: RoutingMask | Mapping | str | Path | None) -> RoutingMask | None:
     """A `RoutingMask` from a mask, its dict, a mask YAML path (what `viasd-search` writes) or the name
     of a mask config (`routing=` names)."""
@@ -85,8 +77,7 @@ def routing_mask(routing: RoutingMask | Mapping | str | Path | None) -> RoutingM
     if isinstance(routing, Mapping):
         return RoutingMask.from_dict(routing)
     if isinstance(routing, (str, Path)):
-        return RoutingMask.from_yaml(_named_config(
-            "routing", routing, "routing mask", "a RoutingMask, a mask YAML file (viasd-search writes mask.yaml)"))
+        return RoutingMask.from_yaml(named_config("routing", routing, "routing mask", f"a RoutingMask, {ROUTING_FORMS}"))
     raise TypeError(f"routing must be a RoutingMask, a dict, a YAML path or a mask name, got {type(routing).__name__}")
 
 
@@ -96,7 +87,7 @@ def tier_policy(policy: TierPolicy | Mapping | Sequence | str | Path | None) -> 
     if policy is None or isinstance(policy, TierPolicy):
         return policy
     if isinstance(policy, (str, Path)):
-        policy = yaml.safe_load(_named_config(
+        policy = yaml.safe_load(named_config(
             "policy", policy, "tier policy",
             "a TierPolicy, (tau_accept, tau_slim), a policy YAML file (viasd-calibrate writes one)").read_text())
     if isinstance(policy, Mapping):

@@ -77,7 +77,7 @@ def test_bad_sweeps_fail_with_the_fix():
         SweepConfig(alphas=[-1.0])
     with pytest.raises(ValueError, match="among the sweep's masks"):
         SweepConfig(masks=["a"], thresholds=[[0.5, 0.3]], random_thresholds=[0.9, 0.9], random_masks=["b"])
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(ValueError, match="no routing mask 'no-such-mask': give a mask YAML file .*viasd-search"):
         load_routing(["no-such-mask"])
     cfg = compose_frontier("model_pair=tiny-random")
     with pytest.raises(ValueError, match="not composed"):

@@ -46,16 +46,21 @@ def config_names(group: str) -> list[str]:
     return sorted({p.stem for root in (Path(CONFIG_DIR), user_config_dir()) for p in (root / group).glob("*.yaml")})
 
 
+ROUTING_FORMS = "a mask YAML file (viasd-search ... mask_name=NAME writes one and installs it as routing=NAME)"
+
+
+def named_config(group: str, name: str | Path, what: str, forms: str) -> Path:
+    """The YAML file `name` stands for (`config_file`), or an error naming the forms it may take
+    and the group's options."""
+    path = config_file(group, name)
+    if path is None:
+        raise ValueError(f"no {what} {str(name)!r}: give {forms} or the name of one of {', '.join(config_names(group))}")
+    return path
+
+
 def load_routing(names: list[str]) -> dict[str, DictConfig]:
-    """Routing configs by name, as `routing=NAME` finds them (clear error for a missing one)."""
-    out = {}
-    for name in names:
-        path = config_file("routing", name)
-        if path is None:
-            raise ValueError(f"routing mask {name!r} does not exist; available: {config_names('routing')}."
-                             " Search one with viasd-search ... mask_name=<name> (it installs it as routing=<name>)")
-        out[name] = OmegaConf.load(path)
-    return out
+    """Routing configs by name or YAML path, as `routing=NAME` finds them (clear error for a missing one)."""
+    return {name: OmegaConf.load(named_config("routing", name, "routing mask", ROUTING_FORMS)) for name in names}
 
 
 def result_option(key: str, name: str, group: str, custom_dir: bool) -> str:

@@ -45,7 +45,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from ...conf import config_file
+from ...conf import ROUTING_FORMS, named_config
 from ...decode import Decoder, DecodeStats, GenerationResult
 from ...models.vocab import DraftVocabulary
 from ...routing import RoutingMask, SlimModel
@@ -246,7 +246,7 @@ class TieredEagle(nn.Module):
         self.layers = None
         if policy is not None:
             if isinstance(routing, (str, Path)):
-                routing = RoutingMask.from_yaml(resolve_routing(routing))
+                routing = RoutingMask.from_yaml(named_config("routing", routing, "routing mask", ROUTING_FORMS))
             self.layers = layers_for(ea_model.base_model)
             self.routing = routing.bind(self.layers.num_layers)
         self.draft_head = None
@@ -483,15 +483,6 @@ def _global_rng(sampling: SamplingConfig):
 
 
 # ----------------------------------------------------------------------------- the Decoder
-def resolve_routing(routing: str | Path) -> Path:
-    """A mask YAML path as given, or the name of a mask config (the `routing` config group)."""
-    path = Path(routing).expanduser()
-    found = path if path.is_file() else config_file("routing", routing)
-    if found is not None:
-        return found
-    raise ValueError(f"no routing mask {routing!r}: give a mask YAML path or a name of the `routing` config group")
-
-
 def resolve_head(head: str | Path) -> Path:
     """A head folder as given, or the name of a head shipped with the package (`hosts/eagle/heads/`)."""
     path = Path(head).expanduser()
