@@ -196,10 +196,8 @@ def generate_answers(loaded: LoadedModel, prompts: list[tuple[str, str]], cfg: D
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else loaded.stop_token_ids[0]
     stops = set(loaded.stop_token_ids)
     bar = tqdm(total=len(wanted), initial=len(wanted) - len(todo), desc="generate", disable=not progress)
-    # greedy and sampled answers never share a batch (one generate call each)
-    batches = [group[b : b + cfg.batch_size] for sampled in (False, True)
-               for group in [[w for w in todo if (w[2] > 0) == sampled]]
-               for b in range(0, len(group), cfg.batch_size)]
+    greedy, sampled = [w for w in todo if w[2] == 0], [w for w in todo if w[2] > 0]  # one generate call each
+    batches = [group[b : b + cfg.batch_size] for group in (greedy, sampled) for b in range(0, len(group), cfg.batch_size)]
     with path.open("a") as out:
         for batch in batches:
             encoded = [_encode(loaded, text, cfg) for _, text, _ in batch]
@@ -209,8 +207,7 @@ def generate_answers(loaded: LoadedModel, prompts: list[tuple[str, str]], cfg: D
             for i, e in enumerate(encoded):  # left padding
                 ids[i, width - len(e) :] = torch.tensor(e)
                 mask[i, width - len(e) :] = 1
-            sampled = batch[0][2] > 0
-            options = dict(do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0) if sampled \
+            options = dict(do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0) if batch[0][2] \
                 else dict(do_sample=False)
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(cfg.seed ^ zlib.crc32(" ".join(w[0] for w in batch).encode()))
