@@ -163,6 +163,18 @@ def test_the_default_task_runs_on_the_shipped_prompts(tmp_path):
     assert all(r["quality_metric"] == "answer_match" and r["quality"] in (0.0, 1.0) for r in records)
 
 
+def test_the_code_edit_prompts_hold_a_module_that_parses():
+    import ast
+    import re
+
+    prompts = instantiate(compose_bench("task=code_edit").task, _convert_="all").prompts()
+    assert len(prompts) == 6 and {p.category for p in prompts} == {"code_edit"}
+    for p in prompts:
+        [code] = re.findall(r"```python\n(.*?)```", p.text, flags=re.S)
+        assert 25 <= len(code.splitlines()) <= 45
+        ast.parse(code)
+
+
 @pytest.mark.parametrize("method", options("method"))
 def test_every_method_file_composes_under_its_own_name(method):
     cfg = compose_bench(f"method=[{method}]")
