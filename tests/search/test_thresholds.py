@@ -88,7 +88,7 @@ def test_calibrate_stops_before_loading_on_a_missing_prompt_file_or_a_shipped_na
         (f"prompts.sources.0.path={tmp_path}/nope.jsonl", r"set prompts\.sources\.0\.path=PATH"),
         ("output_name=default", "shipped with the package"),
         ("routing_file=/nonexistent/mask.yaml", "routing_file=/nonexistent/mask.yaml: no such file"),
-        ("masks=[qwen2.5-coder-1.5b-4l,no-such-mask]", "routing mask 'no-such-mask' does not exist"),
+        ("masks=[qwen2.5-coder-1.5b-4l,no-such-mask]", "no routing mask 'no-such-mask': give a mask YAML file"),
     ]:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
             cfg = compose(config_name="calibrate", overrides=["model_pair=qwen2.5-coder-0.5b-1.5b", override])
