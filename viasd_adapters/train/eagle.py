@@ -243,8 +243,10 @@ def compute_features(base, generations: list[dict], cfg: DataConfig, path: Path,
         ids = (g["prompt_ids"] + g["answer_ids"])[: cfg.max_seq_len]
         if len(ids) <= len(g["prompt_ids"]) + 1:
             continue  # nothing of the answer survives the cut
-        features = known[tuple(ids)]["features"] if tuple(ids) in known else None
-        if features is None:
+        cached = known.get(tuple(ids))
+        if cached is not None:
+            features = cached["features"]
+        else:
             x = torch.tensor([ids], device=base.lm_head.weight.device)
             features = base.model(input_ids=x)[0][0].to(torch.float16).cpu()  # [T, H] normed last hidden states
             computed += 1
