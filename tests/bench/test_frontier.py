@@ -14,6 +14,7 @@ from viasd_adapters.bench.frontier import (
     PointSummary,
     SweepConfig,
     build_points,
+    mask_labels,
     matched_comparison,
     matches_quality,
     quality_gaps,
@@ -66,6 +67,13 @@ def test_points_carry_their_mask_thresholds_and_alpha():
     assert points["lookup-intermediate"].slim_layers == "draft"
     mask = instantiate(random.verifier.slim.mask)
     assert len(mask.skip_layers) == 1  # random skipping at the searched mask's budget
+
+
+def test_mask_labels_drop_the_shared_prefix_and_stay_distinct():
+    names = ["qwen2.5-coder-1.5b-4l", "qwen2.5-coder-1.5b-8l-cost", "qwen2.5-coder-1.5b-13l-cost"]
+    assert mask_labels(names) == dict(zip(names, ["4l", "8l-cost", "13l-cost"]))
+    assert mask_labels(["qwen2.5-coder-1.5b-8l"]) == {"qwen2.5-coder-1.5b-8l": "8l"}
+    assert mask_labels(["a-1l", "b-1l"]) == {"a-1l": "a-1l", "b-1l": "b-1l"}  # nothing shared: whole names
 
 
 def test_bad_sweeps_fail_with_the_fix():

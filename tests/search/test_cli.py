@@ -101,6 +101,22 @@ def test_search_refuses_bad_mask_names_before_loading(tmp_path, prompts_file, mo
     with pytest.raises(ValueError, match=r"does not exist.*set calibration\.sources\.0\.path=PATH"):
         search_cli.run(cfg)
     assert not (tmp_path / "cache").exists()  # it stopped before any model or text was built
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose("search", overrides=tiny_overrides(tmp_path, prompts_file) + ["search.seeds=[routing:no-such-mask]"])
+    with pytest.raises(ValueError, match="no routing mask for seed 'routing:no-such-mask'.*tiny-random-1l"):
+        search_cli.run(cfg)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_seed_mask_comes_from_the_user_config_dir_or_a_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIASD_CONFIG_DIR", str(tmp_path / "user"))
+    installed = RoutingMask(skip_layers=(1,), num_layers=4).to_yaml(tmp_path / "user" / "routing" / "mine.yaml")
+    elsewhere = RoutingMask(skip_layers=(3,), num_layers=4).to_yaml(tmp_path / "other.yaml")
+    known = search_cli._known_seeds(["sensitivity", "routing:mine", f"routing:{elsewhere}"])
+    assert known["routing:mine"].skip_layers == (1,)
+    assert known[f"routing:{elsewhere}"].skip_layers == (3,)
+    with pytest.raises(ValueError, match="unknown seed 'best'"):
+        search_cli._known_seeds(["best"])
 
 
 def test_a_mask_file_is_accepted_directly(tmp_path):

@@ -87,9 +87,17 @@ def _method(methods: DictConfig, name: str) -> DictConfig:
     return _plain(methods[name])
 
 
-def mask_label(name: str) -> str:
-    """"qwen2.5-coder-1.5b-8l" -> "8l" (the part after the model name)."""
-    return name.rsplit("-", 1)[-1]
+def mask_labels(names: list[str]) -> dict[str, str]:
+    """Short labels: what follows the '-'-separated prefix all masks share, e.g.
+    ["qwen2.5-coder-1.5b-4l", "qwen2.5-coder-1.5b-13l-cost"] -> "4l", "13l-cost"; one mask alone
+    keeps its last part ("qwen2.5-coder-1.5b-8l" -> "8l")."""
+    parts = [n.split("-") for n in names]
+    shared = 0
+    while all(len(p) > shared + 1 for p in parts) and len({p[shared] for p in parts}) == 1:
+        shared += 1
+    if len(names) == 1:
+        shared = len(parts[0]) - 1
+    return {n: "-".join(p[shared:]) for n, p in zip(names, parts)}
 
 
 def layers_run(routing: DictConfig, attention_share: float) -> float:
@@ -121,10 +129,11 @@ def build_points(sweep: SweepConfig, methods: DictConfig, routing: dict[str, Dic
     missing = [m for m in sweep.masks if m not in routing]
     if missing:
         raise ValueError(f"routing masks {missing} are not loaded (files in conf/routing/)")
+    labels = mask_labels(sweep.masks) if sweep.masks else {}
     for mask in sweep.masks:
         node = _plain(routing[mask])
         layers = layers_run(node, attention_share)
-        label = mask_label(mask)
+        label = labels[mask]
         base = _method(methods, sweep.via_sd)
         for tau_accept, tau_slim in sweep.thresholds:
             policy = {"_target_": "viasd_adapters.verify.ConfidencePolicy", "tau_accept": float(tau_accept),
@@ -152,14 +161,6 @@ def build_points(sweep: SweepConfig, methods: DictConfig, routing: dict[str, Dic
     for name in sweep.extra:
         add(name, name, name, None, _method(methods, name))
     names = [p.name for p in points]
-    if sweep.gated:
-        import inspect
-
-        from ..verify import TieredVerifier
-
-        if "gate" not in inspect.signature(TieredVerifier.__init__).parameters:
-            raise ValueError("sweep.gated needs a TieredVerifier with a `gate` argument (the block-gate hook),"
-                             " which this version lacks: set sweep.gated=[]")
     unknown = [g for g in sweep.gated if g not in names or not g.startswith("via-sd")]
     if unknown:
         raise ValueError(f"sweep.gated names {unknown}, which are not VIA-SD points of this sweep ({names})")

@@ -26,8 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..checks import check_config
 from ..models import load_model
-from ..conf import result_option
-from . import CONFIG_DIR, check_prompt_sources, entry_point, set_threads
+from ..conf import ROUTING_FORMS, named_config, result_option
+from . import check_prompt_sources, entry_point, set_threads
 from ..routing import RoutingMask
 from ..bench.costmodel import LatencyProfile
 from ..search import (
@@ -72,6 +72,7 @@ def run(cfg: DictConfig) -> SearchOutput:
         raise ValueError("search.config.cost=expected needs search.expected.profile=PATH (a profile.json of"
                          " this device: viasd-costmodel mode=profile)")
     profile = LatencyProfile.load(expected_cfg.profile) if search_cfg.cost == "expected" else None
+    known = _known_seeds(list(cfg.search.seeds))  # a missing mask fails before the model loads
     loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))
     expected = None
     if profile is not None:
@@ -101,7 +102,7 @@ def run(cfg: DictConfig) -> SearchOutput:
     if greedy_steps:
         pool = None if candidates is None else sorted({i for _, i in candidates})
         baselines.greedy = greedy_removal(objective, L, greedy_steps, search_cfg.cost, model, cfg.progress, pool)
-    seeds = _seed_masks(list(cfg.search.seeds), space, baselines, search_cfg.cost)
+    seeds = _seed_masks(list(cfg.search.seeds), known, space, baselines, search_cfg.cost)
     baseline_seconds = time.perf_counter() - begin
 
     out_dir = Path(cfg.out_dir)
@@ -201,10 +202,24 @@ def _unique(trials):
     return out
 
 
-def _seed_masks(kinds: list[str], space: MaskSpace, baselines: Baselines, cost: str) -> list[tuple[str, RoutingMask]]:
+def _known_seeds(kinds: list[str]) -> dict[str, RoutingMask]:
+    """The masks of "routing:<name>" seeds: a routing option (the package's or the user config
+    directory's, e.g. one a KL search installed) or a YAML path."""
+    known = {}
+    for kind in kinds:
+        if kind.startswith("routing:"):
+            path = named_config("routing", kind.split(":", 1)[1], f"routing mask for seed {kind!r}", ROUTING_FORMS)
+            known[kind] = RoutingMask.from_yaml(path)
+        elif kind not in ("sensitivity", "greedy"):
+            raise ValueError(f"unknown seed {kind!r}: use 'sensitivity', 'greedy' or 'routing:<name>'")
+    return known
+
+
+def _seed_masks(kinds: list[str], known: dict[str, RoutingMask], space: MaskSpace, baselines: Baselines,
+                cost: str) -> list[tuple[str, RoutingMask]]:
     """(kind, mask) of the known masks the search evaluates first: "sensitivity" (the least sensitive
     blocks), "greedy" (greedy removal's mask of the budget, when greedy removal ran that far) and
-    "routing:<name>" (a mask in conf/routing/, e.g. the one a KL search found, to compare under another cost)."""
+    "routing:<name>" (`known`: e.g. the mask a KL search found, to compare under another cost)."""
     seeds = []
     for kind in kinds:
         if kind == "sensitivity":
@@ -222,16 +237,11 @@ def _seed_masks(kinds: list[str], space: MaskSpace, baselines: Baselines, cost: 
                 logger.info('seed "greedy" skipped: it needs a layer budget and search.baselines.greedy >= the budget')
                 continue
             seeds.append((kind, step.mask))
-        elif kind.startswith("routing:"):  # a shipped mask, e.g. one found under another cost
-            path = Path(CONFIG_DIR) / "routing" / f"{kind.split(':', 1)[1]}.yaml"
-            if not path.is_file():
-                raise ValueError(f"seed {kind!r}: no routing config {path}")
-            mask = RoutingMask.from_yaml(path)
+        else:
+            mask = known[kind]
             if space.decode(space.encode(mask)).skips != mask.skips:
                 raise ValueError(f"seed {kind!r} ({mask.describe()}) does not fit the search's budget and candidates")
             seeds.append((kind, mask))
-        else:
-            raise ValueError(f"unknown seed {kind!r}: use 'sensitivity', 'greedy' or 'routing:<name>'")
     return seeds
 
 
