@@ -233,3 +233,23 @@ def test_cost_aware_search_prices_masks_with_a_profile(tmp_path, prompts_file):
     assert facts["block"] == 5 and facts["profile"].startswith("modelled")
     with pytest.raises(ValueError, match="does not fit"):
         search_cli.run(misfit)
+
+
+def test_cost_aware_search_ranks_single_blocks_by_kl():
+    """A single late layer has the lowest expected cost (its escalations are short) whatever harm it
+    does, so candidates and the sensitivity seed come from the KL ranking under cost=expected."""
+    from viasd_adapters.search import MaskMetrics
+    from viasd_adapters.search.greedy import Sensitivity
+    from viasd_adapters.search.report import Baselines
+    from viasd_adapters.search.space import Budget, MaskSpace
+
+    # layer:      0     1     2     3
+    kl =       [3.0,  0.1,  0.2,  2.0]
+    expected = [1.0,  0.9,  0.8,  0.5]  # the last layers look cheapest alone
+    rows = [MaskMetrics(k, 0.5, 10, expected=e, block_cost=e, settled=0.0, wrong=0.0) for k, e in zip(kl, expected)]
+    baselines = Baselines(sensitivity=Sensitivity(rows))
+    assert search_cli._candidates(2, baselines, "layers", "expected") == [("layer", 1), ("layer", 2)]
+    assert search_cli._candidates(2, baselines, "layers", "kl") == [("layer", 1), ("layer", 2)]
+    space = MaskSpace(4, Budget("layers", 2))
+    (kind, seed), = search_cli._seed_masks(["sensitivity"], {}, space, baselines, "expected")
+    assert seed.skip_layers == (1, 2)

@@ -89,14 +89,8 @@ def run(cfg: DictConfig) -> SearchOutput:
     baselines = Baselines()
     if cfg.search.baselines.sensitivity:
         baselines.sensitivity = sensitivity(objective, L, sub_blocks=budget.unit == "blocks", progress=cfg.progress)
-    candidates = None
     given = cfg.search.get("candidates")
-    if given is not None and not isinstance(given, int):  # explicit blocks, e.g. [layer6, attention7]
-        candidates = [_block(str(b)) for b in given]
-    elif given:
-        if baselines.sensitivity is None:
-            raise ValueError("search.candidates needs search.baselines.sensitivity=true")
-        candidates = baselines.sensitivity.least_sensitive(budget.unit, int(cfg.search.candidates), search_cfg.cost)
+    candidates = _candidates(given, baselines, budget.unit, search_cfg.cost)
     space = MaskSpace(L, budget, share, model, candidates)
     greedy_steps = int(cfg.search.baselines.greedy or 0)
     if greedy_steps:
@@ -128,7 +122,8 @@ def run(cfg: DictConfig) -> SearchOutput:
         "skipped_cost_layers": round(space.cost_of(best.mask), 3),
         "candidates": None if candidates is None else [f"{kind}{i}" for kind, i in candidates],
         "candidates_text": None if candidates is None else
-        f"{len(candidates)} {'given' if given is not None and not isinstance(given, int) else 'least sensitive'}: " + ", ".join(f"{kind[0]}{i}" for kind, i in sorted(candidates, key=lambda b: b[1])),
+        f"{len(candidates)} {'least sensitive' if isinstance(given, int) else 'given'}: "
+        + ", ".join(f"{kind[0]}{i}" for kind, i in sorted(candidates, key=lambda b: b[1])),
         "calibration": session.calibration.description | {"scored_positions": session.calibration.num_scored},
         "calibration_text": f"{session.calibration.description['split']} split, "
                             f"{len(session.calibration.texts)} texts, {session.calibration.num_scored} scored positions",
@@ -202,6 +197,25 @@ def _unique(trials):
     return out
 
 
+def ranking_cost(cost: str) -> str:
+    """What single blocks are ranked by (candidates, the "sensitivity" seed). A mask's expected
+    cost is not a sum over its blocks: one late layer alone looks cheapest only because its
+    escalations would be short, so under "expected" blocks are ranked by the harm they do (KL)."""
+    return "kl" if cost == "expected" else cost
+
+
+def _candidates(given, baselines: Baselines, unit: str, cost: str) -> list[tuple[str, int]] | None:
+    """The blocks the search may skip: `given` explicitly (e.g. [layer6, attention7]), the `given`
+    least sensitive ones, or None (every block)."""
+    if given is not None and not isinstance(given, int):
+        return [_block(str(b)) for b in given]
+    if not given:
+        return None
+    if baselines.sensitivity is None:
+        raise ValueError("search.candidates needs search.baselines.sensitivity=true")
+    return baselines.sensitivity.least_sensitive(unit, int(given), ranking_cost(cost))
+
+
 def _known_seeds(kinds: list[str]) -> dict[str, RoutingMask]:
     """The masks of "routing:<name>" seeds: a routing option (the package's or the user config
     directory's, e.g. one a KL search installed) or a YAML path."""
@@ -229,7 +243,7 @@ def _seed_masks(kinds: list[str], known: dict[str, RoutingMask], space: MaskSpac
             for label, (block, i) in zip(space.labels(), space.blocks):
                 table = {"layer": baselines.sensitivity.layer, "attention": baselines.sensitivity.attention,
                          "mlp": baselines.sensitivity.mlp}[block]
-                scores[label] = -table[i].cost(cost)  # the least sensitive blocks score highest
+                scores[label] = -table[i].cost(ranking_cost(cost))  # the least sensitive blocks score highest
             seeds.append((kind, space.decode(scores)))
         elif kind == "greedy":
             step = baselines.greedy_at(int(space.budget.amount)) if space.budget.unit == "layers" else None

@@ -107,7 +107,8 @@ class MaskSpace:
         """Scores that decode to `mask` (for seeding the search with known masks)."""
         skipped = {("layer", i) for i in mask.skip_layers}
         if not skipped <= set(self.blocks) and self.budget.unit == "layers":
-            raise ValueError(f"{mask.describe()} skips layers outside the search's candidates")
+            raise ValueError(f"{mask.describe()} skips layers outside the search's candidates"
+                             f" ({', '.join(self.labels())}): raise search.candidates, or set it to null for every layer")
         if self.budget.unit == "blocks":
             skipped = {(k, i) for i in mask.skip_layers for k in ("attention", "mlp")}
             skipped |= {("attention", i) for i in mask.skip_attention} | {("mlp", i) for i in mask.skip_mlp}
