@@ -231,6 +231,10 @@ def test_cost_aware_search_prices_masks_with_a_profile(tmp_path, prompts_file):
         assert t.metrics.block_cost > 0
     facts = out.mask.provenance["expected_cost"]
     assert facts["block"] == 5 and facts["profile"].startswith("modelled")
+    report = out.report_path.read_text()
+    best = out.result.best.metrics
+    assert "Expected verify cost per block" in report
+    assert f"| {best.settled:.3f} | {best.wrong:.3f} | {best.block_cost:.3f} | {best.expected:.3f} |" in report
     with pytest.raises(ValueError, match="does not fit"):
         search_cli.run(misfit)
 

@@ -141,7 +141,8 @@ def run(cfg: DictConfig) -> SearchOutput:
         "date": datetime.date.today().isoformat(),
         "versions": {p: importlib.metadata.version(p) for p in ("torch", "transformers", "hyperopt")},
         "threads": torch.get_num_threads(),
-        "command": " ".join(["viasd-search", *sys.argv[1:]]) if sys.argv and "viasd-search" in sys.argv[0] else None,
+        "command": " ".join(["viasd-search", *sys.argv[1:]])
+        if sys.argv and Path(sys.argv[0]).name in ("viasd-search", "search.py") else None,  # console script or -m
     }
     greedy = baselines.greedy_at(len(best.mask.skip_layers)) if best.mask.is_layer_mask else None
     if greedy is not None:

@@ -110,6 +110,8 @@ def write_report(out_dir: Path, mask: RoutingMask, result: SearchResult, baselin
         lines += ["", f"The found mask beats {beaten} of {len(random)} random search trials. Random masks over all "
                   "layers, on held-out text: `viasd-eval-mask`."]
     seeds = result.of_phase("seed")
+    if best.metrics.block_cost is not None:
+        lines += _expected_cost_table(best, seeds, random)
     if seeds:
         lines += ["", "Seed masks (evaluated first): "
                   + "; ".join(f"{t.mask.describe()} ({result.config.cost} {t.loss:.4f})" for t in seeds)]
@@ -147,6 +149,22 @@ def write_report(out_dir: Path, mask: RoutingMask, result: SearchResult, baselin
     path = out_dir / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _expected_cost_table(best, seeds, random: list[MaskMetrics]) -> list[str]:
+    """What the masks cost VIA-SD per verify block, in full forwards (search.config.cost=expected)."""
+    def row(name, mask, m):
+        return (f"| {name} | {mask} | {m.settled:.3f} | {m.wrong:.3f} | {m.block_cost:.3f} | {m.expected:.3f} |")
+
+    lines = ["", "Expected verify cost per block, in full forwards (plain SD pays 1.000; `settled`: share of blocks"
+             " the slim tier settles, with the target's own tokens as the draft, an upper bound):", "",
+             "| mask | skipped | settled | wrong | block cost | expected |", "|---|---|---|---|---|---|",
+             row("**found (DIMR)**", best.mask.describe(), best.metrics)]
+    lines += [row("seed", t.mask.describe(), t.metrics) for t in seeds]
+    if random:
+        cheapest = min(random, key=lambda m: m.expected)
+        lines.append(row(f"random masks, best of {len(random)}", "same budget", cheapest))
+    return lines
 
 
 def _last_added(path: list[GreedyStep], j: int) -> int:
