@@ -164,6 +164,19 @@ def test_settled_share_needed_by_hand():
     assert settled_share_needed(0.1, 4, 0.0, 1.0, gain=1.0) == pytest.approx(0.0, abs=1e-12)
 
 
+def test_slim_ratio_needed_by_hand():
+    from viasd_adapters.bench.costmodel import settled_share_needed, slim_ratio_needed
+
+    # c = 0.25, K = 2: the host pays 1.5 per round; settling 36 % with e = 0.6 leaves
+    # s <= 1.5 / 1.1 - 0.5 - 0.64 * 0.6 = 0.4796
+    assert slim_ratio_needed(0.25, 2, 0.36, 0.6) == pytest.approx(1.5 / 1.1 - 0.5 - 0.64 * 0.6)
+    # the two are inverses of one another
+    s = slim_ratio_needed(0.1, 3, 0.5, 0.7)
+    assert settled_share_needed(0.1, 3, s, 0.7) == pytest.approx(0.5)
+    # settling nothing with a full escalation: even a free slim pass loses the 10 %
+    assert slim_ratio_needed(0.25, 2, 0.0, 1.0) is None
+
+
 def test_escalations_over_a_shared_prefix_are_priced_by_the_layers_they_run():
     profile = _profile()  # target: 10 + 2 ms per layer per call, 0.5 ms per token, 20 layers
     calls = {"target": {"calls": 2, "tokens": 40 + 6}}

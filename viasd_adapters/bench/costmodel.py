@@ -466,3 +466,14 @@ def settled_share_needed(draft_ratio: float, block: int, slim_ratio: float, esca
     if budget < 0:
         return None
     return max(0.0, 1.0 - budget / escalate_ratio)
+
+
+def slim_ratio_needed(draft_ratio: float, block: int, settled: float, escalate_ratio: float,
+                      gain: float = 1.10) -> float | None:
+    """The most a slim forward may cost (/ a full verify) for VIA-SD to run `gain` x its host, when
+    the slim tier settles `settled` of the blocks: the same round costs as `settled_share_needed`,
+    solved for s = (K c + 1) / gain - K c - (1 - settled) e. None: out of reach even with a free
+    slim pass."""
+    budget = (block * draft_ratio + 1.0) / gain - block * draft_ratio - (1.0 - settled) * escalate_ratio
+    return budget if budget >= 0 else None
+

@@ -385,8 +385,10 @@ def frontier_plots(summaries: list[PointSummary], out_dir: Path, subtitle: str =
                 if not pts:
                     continue
                 xs, ys = [getattr(p, x_key) for p in pts], [y_of(p) for p in pts]
-                ax.plot(xs, ys, marker="os^Dv<>P*X"[k % 10], ls="-" if len(pts) > 1 else "none",
-                        color=f"C{k % 10}", label=family, alpha=0.85)
+                # 20 distinct colours (tab20's ten dark hues, then their light twins) and a marker
+                # cycle of another length: a sweep of 15+ families stays legible.
+                ax.plot(xs, ys, marker="os^Dv<>P*Xhd"[k % 12], ls="-" if len(pts) > 1 else "none",
+                        color=plt.cm.tab20((2 * k) % 20 + (k // 10) % 2), label=family, alpha=0.85)
                 for p, x, y in zip(pts, xs, ys):
                     if p.param:
                         ax.annotate(p.param, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)

@@ -157,7 +157,7 @@ def _expected_cost_table(best, seeds, random: list[MaskMetrics]) -> list[str]:
         return (f"| {name} | {mask} | {m.settled:.3f} | {m.wrong:.3f} | {m.block_cost:.3f} | {m.expected:.3f} |")
 
     lines = ["", "Expected verify cost per block, in full forwards (plain SD pays 1.000; `settled`: share of blocks"
-             " the slim tier settles, with the target's own tokens as the draft, an upper bound):", "",
+             " the slim tier settles when the target's own tokens stand in for the draft):", "",
              "| mask | skipped | settled | wrong | block cost | expected |", "|---|---|---|---|---|---|",
              row("**found (DIMR)**", best.mask.describe(), best.metrics)]
     lines += [row("seed", t.mask.describe(), t.metrics) for t in seeds]
