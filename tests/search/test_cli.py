@@ -110,7 +110,7 @@ def test_search_refuses_bad_mask_names_before_loading(tmp_path, prompts_file, mo
 
 def test_a_seed_mask_comes_from_the_user_config_dir_or_a_path(tmp_path, monkeypatch):
     monkeypatch.setenv("VIASD_CONFIG_DIR", str(tmp_path / "user"))
-    installed = RoutingMask(skip_layers=(1,), num_layers=4).to_yaml(tmp_path / "user" / "routing" / "mine.yaml")
+    RoutingMask(skip_layers=(1,), num_layers=4).to_yaml(tmp_path / "user" / "routing" / "mine.yaml")
     elsewhere = RoutingMask(skip_layers=(3,), num_layers=4).to_yaml(tmp_path / "other.yaml")
     known = search_cli._known_seeds(["sensitivity", "routing:mine", f"routing:{elsewhere}"])
     assert known["routing:mine"].skip_layers == (1,)

@@ -476,4 +476,3 @@ def slim_ratio_needed(draft_ratio: float, block: int, settled: float, escalate_r
     slim pass."""
     budget = (block * draft_ratio + 1.0) / gain - block * draft_ratio - (1.0 - settled) * escalate_ratio
     return budget if budget >= 0 else None
-

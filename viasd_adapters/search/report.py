@@ -154,7 +154,7 @@ def write_report(out_dir: Path, mask: RoutingMask, result: SearchResult, baselin
 def _expected_cost_table(best, seeds, random: list[MaskMetrics]) -> list[str]:
     """What the masks cost VIA-SD per verify block, in full forwards (search.config.cost=expected)."""
     def row(name, mask, m):
-        return (f"| {name} | {mask} | {m.settled:.3f} | {m.wrong:.3f} | {m.block_cost:.3f} | {m.expected:.3f} |")
+        return f"| {name} | {mask} | {m.settled:.3f} | {m.wrong:.3f} | {m.block_cost:.3f} | {m.expected:.3f} |"
 
     lines = ["", "Expected verify cost per block, in full forwards (plain SD pays 1.000; `settled`: share of blocks"
              " the slim tier settles when the target's own tokens stand in for the draft):", "",
