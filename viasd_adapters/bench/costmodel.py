@@ -462,7 +462,7 @@ def settled_share_needed(draft_ratio: float, block: int, slim_ratio: float, esca
         block: K, draft tokens per round.
         slim_ratio, escalate_ratio: s and e, a slim forward and an escalation / a full verify.
     """
-    budget = (block * draft_ratio + 1.0) / gain - block * draft_ratio - slim_ratio
+    budget = _verify_budget(draft_ratio, block, gain) - slim_ratio
     if budget < 0:
         return None
     return max(0.0, 1.0 - budget / escalate_ratio)
@@ -474,5 +474,11 @@ def slim_ratio_needed(draft_ratio: float, block: int, settled: float, escalate_r
     the slim tier settles `settled` of the blocks: the same round costs as `settled_share_needed`,
     solved for s = (K c + 1) / gain - K c - (1 - settled) e. None: out of reach even with a free
     slim pass."""
-    budget = (block * draft_ratio + 1.0) / gain - block * draft_ratio - (1.0 - settled) * escalate_ratio
+    budget = _verify_budget(draft_ratio, block, gain) - (1.0 - settled) * escalate_ratio
     return budget if budget >= 0 else None
+
+
+def _verify_budget(draft_ratio: float, block: int, gain: float) -> float:
+    """What VIA-SD may spend verifying one round, in target steps, to run `gain` x SD: the host's
+    round (K c + 1) shrunk by the gain, less the same K c of drafting."""
+    return (block * draft_ratio + 1.0) / gain - block * draft_ratio

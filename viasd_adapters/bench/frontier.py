@@ -88,15 +88,13 @@ def _method(methods: DictConfig, name: str) -> DictConfig:
 
 
 def mask_labels(names: list[str]) -> dict[str, str]:
-    """Short labels: what follows the '-'-separated prefix all masks share, e.g.
-    ["qwen2.5-coder-1.5b-4l", "qwen2.5-coder-1.5b-13l-cost"] -> "4l", "13l-cost"; one mask alone
-    keeps its last part ("qwen2.5-coder-1.5b-8l" -> "8l")."""
+    """Short labels: what follows the '-'-separated prefix all masks share, never less than the
+    last part, e.g. ["qwen2.5-coder-1.5b-4l", "qwen2.5-coder-1.5b-13l-cost"] -> "4l", "13l-cost";
+    one mask alone keeps its last part ("qwen2.5-coder-1.5b-8l" -> "8l")."""
     parts = [n.split("-") for n in names]
     shared = 0
     while all(len(p) > shared + 1 for p in parts) and len({p[shared] for p in parts}) == 1:
         shared += 1
-    if len(names) == 1:
-        shared = len(parts[0]) - 1
     return {n: "-".join(p[shared:]) for n, p in zip(names, parts)}
 
 
@@ -129,7 +127,7 @@ def build_points(sweep: SweepConfig, methods: DictConfig, routing: dict[str, Dic
     missing = [m for m in sweep.masks if m not in routing]
     if missing:
         raise ValueError(f"routing masks {missing} are not loaded (files in conf/routing/)")
-    labels = mask_labels(sweep.masks) if sweep.masks else {}
+    labels = mask_labels(sweep.masks)
     for mask in sweep.masks:
         node = _plain(routing[mask])
         layers = layers_run(node, attention_share)
