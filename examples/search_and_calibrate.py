@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     from hydra import compose, initialize_config_dir
 
     import viasd_adapters as vsd
-    from viasd_adapters.conf import CONFIG_DIR
+    from viasd_adapters.configs import CONFIG_DIR
     from viasd_adapters.pipeline import encode_text, load_pair
 
     if args.threads:

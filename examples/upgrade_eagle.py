@@ -46,12 +46,12 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
 
     from viasd_adapters import pretrained_path, routing_mask
-    from viasd_adapters.hosts.eagle import load_ea_model
-    from viasd_adapters.hosts.eagle.adapter import TieredEagle, resolve_head
+    from viasd_adapters.third_party.eagle import load_ea_model
+    from viasd_adapters.hosts.eagle import TieredEagle, resolve_head
     from viasd_adapters.verify import ConfidencePolicy
 
     # --- the existing deployment (eagle-llm; our loader also handles non-Llama targets, see
-    # viasd_adapters/hosts/eagle/README.md). With stock eagle-llm: EaModel.from_pretrained(...).eval()
+    # third_party/eagle/README.md). With stock eagle-llm: EaModel.from_pretrained(...).eval()
     with step(f"loading {args.base} with the EAGLE head {args.head}"):
         model = load_ea_model(pretrained_path(args.base), resolve_head(args.head), dtype=torch.float32)
     if model.tokenizer.chat_template:

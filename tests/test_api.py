@@ -102,7 +102,7 @@ def test_prompt_lookup_and_pearl_equal_generate(pair, reference):
 
 def test_eagle_head_equals_generate(tmp_path):
     pytest.importorskip("eagle.model.utils")
-    from viasd_adapters.hosts.eagle import build_head, head_config, save_head
+    from viasd_adapters.third_party.eagle import build_head, head_config, save_head
 
     loaded = tiny(seed=0)
     loaded.model.save_pretrained(tmp_path / "target")  # EaModel reads the target's folder for its tokenizer

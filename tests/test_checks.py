@@ -9,7 +9,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from viasd_adapters.checks import check_config
-from viasd_adapters.conf import CONFIG_DIR
+from viasd_adapters.configs import CONFIG_DIR
 from viasd_adapters.sampling import Sampler, SamplingConfig
 
 

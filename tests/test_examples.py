@@ -76,7 +76,7 @@ def test_pearl_with_and_without_tiers(tiny_folders, tmp_path):
 
 def test_upgrade_eagle_deployment(tmp_path):
     pytest.importorskip("eagle.model.utils")
-    from viasd_adapters.hosts.eagle import build_head, head_config, save_head
+    from viasd_adapters.third_party.eagle import build_head, head_config, save_head
 
     target = tiny(seed=0)  # an "existing deployment": a target folder and an EAGLE head folder
     target.model.save_pretrained(tmp_path / "target")

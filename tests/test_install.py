@@ -25,7 +25,9 @@ import yaml
 import viasd_adapters
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+SCRIPTS = PYPROJECT["project"]["scripts"]
+SOURCE_TREES = ("viasd_adapters", "conf", "third_party")  # what the wheel is built from
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +37,8 @@ def installed(tmp_path_factory) -> dict[str, Path]:
     src.mkdir()
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / name, src / name)
-    shutil.copytree(REPO / "viasd_adapters", src / "viasd_adapters",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for tree in SOURCE_TREES:
+        shutil.copytree(REPO / tree, src / tree, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     if _setuptools_version() >= (77,):  # PEP 639 metadata: build with what is installed, offline and fast
         build = [sys.executable, "-c", "import setuptools.build_meta as b; b.build_wheel('../dist')"]
     else:  # e.g. a fresh Python 3.11 venv's setuptools 65: pip fetches pyproject's build requirements
@@ -76,14 +78,41 @@ def test_the_wheel_holds_only_the_package_its_data_and_license(installed):
     names = zipfile.ZipFile(installed["wheel"]).namelist()
     assert {n.split("/")[0] for n in names} == {"viasd_adapters", f"viasd_adapters-{viasd_adapters.__version__}.dist-info"}
     for data in ("conf/bench.yaml", "conf/task/spec_bench.yaml", "conf/search/calibration/default.yaml",
-                 "conf/routing/tiny-random-1l.yaml", "prompts/default.jsonl",
-                 "hosts/eagle/heads/smollm2-135m-instruct/head.safetensors"):
+                 "conf/routing/tiny-random-1l.yaml", "prompts/default.jsonl", "third_party/pearl/engine.py",
+                 "third_party/eagle/README.md", "third_party/eagle/heads/smollm2-135m-instruct/head.safetensors"):
         assert f"viasd_adapters/{data}" in names, data
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     metadata = zipfile.ZipFile(installed["wheel"]).read(
         f"viasd_adapters-{viasd_adapters.__version__}.dist-info/METADATA").decode()
     assert f"Version: {viasd_adapters.__version__}\n" in metadata and "License-Expression: Apache-2.0" in metadata
     assert sorted(p.name for p in (installed["site"] / "bin").iterdir()) == sorted(SCRIPTS)
+
+
+def _package_folders() -> dict[str, Path]:
+    """Every folder of the source trees that holds Python code, by the import name it ships under."""
+    mapping = {"viasd_adapters": REPO / "viasd_adapters", **{name: REPO / folder for name, folder in
+               PYPROJECT["tool"]["setuptools"]["package-dir"].items()}}
+    folders = {}
+    for name, root in mapping.items():
+        for module in root.rglob("*.py"):
+            if "__pycache__" not in module.parts:
+                folders[".".join([name, *module.parent.relative_to(root).parts])] = module.parent
+    return folders
+
+
+def test_pyproject_lists_every_package_of_the_source_trees():
+    assert sorted(PYPROJECT["tool"]["setuptools"]["packages"]) == sorted(_package_folders())
+
+
+def test_an_editable_install_reads_conf_and_third_party_from_the_checkout():
+    """`make setup` installs the checkout editable: edits to conf/ and third_party/ apply as they are saved."""
+    # With the package imported from this checkout, only the editable install's mapping can find these two.
+    assert Path(viasd_adapters.__file__).parent == REPO / "viasd_adapters", "run the tests in a `make setup` checkout"
+    from viasd_adapters.configs import CONFIG_DIR
+    from viasd_adapters.third_party import pearl
+
+    assert Path(CONFIG_DIR) == REPO / "conf"
+    assert Path(pearl.__file__).parent == REPO / "third_party" / "pearl"
 
 
 def test_search_then_generate_with_its_mask_from_another_directory(installed):
@@ -114,8 +143,8 @@ def test_every_console_script_describes_itself(installed):
     program = (
         "import contextlib, io, sys\n"
         "from importlib.metadata import distribution\n"
-        "import viasd_adapters, viasd_adapters.conf\n"
-        "print('@@version', viasd_adapters.__version__, viasd_adapters.conf.CONFIG_DIR)\n"
+        "import viasd_adapters, viasd_adapters.configs\n"
+        "print('@@version', viasd_adapters.__version__, viasd_adapters.configs.CONFIG_DIR)\n"
         "for ep in distribution('viasd-adapters').entry_points:\n"
         "    sys.argv = [ep.name, '--help']\n"
         "    buf = io.StringIO()\n"
@@ -142,7 +171,7 @@ def test_every_command_searches_the_user_config_dir(command, tmp_path, monkeypat
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from viasd_adapters.conf import CONFIG_DIR, user_config_dir
+    from viasd_adapters.configs import CONFIG_DIR, user_config_dir
     from viasd_adapters.routing import RoutingMask
 
     monkeypatch.setenv("VIASD_CONFIG_DIR", str(tmp_path / "mine"))

@@ -152,7 +152,7 @@ def test_the_demo_decodes_with_a_chosen_int8_drafter_beside_greedy_ar(monkeypatc
     from hydra import compose, initialize_config_dir
 
     from viasd_adapters.cli.profile import decode_both
-    from viasd_adapters.conf import CONFIG_DIR
+    from viasd_adapters.configs import CONFIG_DIR
     from viasd_adapters.models.quantize import Int8WeightLinear
     from viasd_adapters.profile import Choice
 

@@ -23,8 +23,8 @@ import torch
 
 from viasd_adapters.bench import splits  # noqa: E402
 from viasd_adapters.bench.tasks import read_prompts_file
-from viasd_adapters.hosts.eagle import ea_model_from_target
-from viasd_adapters.hosts.eagle.adapter import SHIPPED_HEADS, EagleDecoder, resolve_head
+from viasd_adapters.third_party.eagle import ea_model_from_target
+from viasd_adapters.hosts.eagle import SHIPPED_HEADS, EagleDecoder, resolve_head
 from viasd_adapters.models import ModelSpec, load_model
 from viasd_adapters.pipeline import encode_prompt
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from viasd_adapters.hosts.pearl.adapter import PearlDecoder
+from viasd_adapters.hosts.pearl import PearlDecoder
 from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
 from viasd_adapters.draft import ModelDrafter
 from viasd_adapters.models import ModelSpec, load_model

@@ -33,7 +33,7 @@ from hydra.utils import instantiate
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
-from .conf import ROUTING_FORMS, named_config
+from .configs import ROUTING_FORMS, named_config
 from .decode import AutoregressiveDecoder, Decoder, DecodeStats, SpeculativeDecoder
 from .draft import CascadeDrafter, Drafter, ModelDrafter, PromptLookupDrafter
 from .models import LoadedModel
@@ -54,7 +54,7 @@ class EagleHead:
     """An EAGLE draft head for `build(draft=...)`: a head folder (eagle-llm's format or the compact
     one `viasd-train-eagle` writes) or the name of one shipped with the package."""
 
-    path: str | Path  # the folder, or a shipped head's name (viasd_adapters/hosts/eagle/heads/)
+    path: str | Path  # the folder, or a shipped head's name (third_party/eagle/heads/)
     tokenizer_path: str | Path | None = None  # EaModel reads the target's tokenizer from a folder; default: the target's
 
 
@@ -161,8 +161,8 @@ def describe(decoder: Decoder) -> str:
     """
     if isinstance(decoder, AutoregressiveDecoder):
         return "AR"
-    eagle = sys.modules.get("viasd_adapters.hosts.eagle.adapter")
-    pearl = sys.modules.get("viasd_adapters.hosts.pearl.adapter")
+    eagle = sys.modules.get("viasd_adapters.hosts.eagle")
+    pearl = sys.modules.get("viasd_adapters.hosts.pearl")
     if eagle is not None and isinstance(decoder, eagle.EagleDecoder):
         verifier = getattr(decoder, "verifier", None)
         tiered = (getattr(verifier, "policy", None) if verifier is not None else decoder.model.policy) is not None
@@ -477,7 +477,7 @@ def build(
         verifier = TieredVerifier(target, slim=lambda t: SlimModel(t, mask), policy=tiers,
                                   max_unverified=max_unverified, rejudge=rejudge, share_prefix=share_prefix)
     if framework == "pearl":
-        from .hosts.pearl.adapter import PearlDecoder
+        from .hosts.pearl import PearlDecoder
 
         _check_options(PearlDecoder, options, "PEARL")
         decoder = PearlDecoder(drafter, verifier, **options)
@@ -488,7 +488,7 @@ def build(
 
 
 def _eagle_decoder(target, head: EagleHead, mask, policy, max_unverified, options) -> Decoder:
-    from .hosts.eagle.adapter import EagleDecoder
+    from .hosts.eagle import EagleDecoder
 
     _check_options(EagleDecoder, options, "EAGLE")
     return EagleDecoder(target=target, head=head.path, routing=mask, policy=policy, max_unverified=max_unverified,

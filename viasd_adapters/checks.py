@@ -56,7 +56,7 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] | None = None, identi
                 _build(f"model_pair.{role}", cfg.model_pair[role])
     masks = []
     if "model_pair" in cfg and cfg.model_pair.get("target") is not None:
-        from .conf import CONFIG_DIR
+        from .configs import CONFIG_DIR
 
         masks = shipped_masks(cfg.model_pair.target.name, Path(CONFIG_DIR), cfg.model_pair.get("name"))
     for name, framework, verifier in components:

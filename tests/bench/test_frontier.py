@@ -20,7 +20,7 @@ from viasd_adapters.bench.frontier import (
     quality_gaps,
     summarize,
 )
-from viasd_adapters.conf import CONFIG_DIR, load_routing
+from viasd_adapters.configs import CONFIG_DIR, load_routing
 
 CONF = Path(CONFIG_DIR)
 PROMPTS = [

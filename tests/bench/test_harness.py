@@ -13,7 +13,7 @@ import torch
 
 from viasd_adapters.bench.harness import rotated
 from viasd_adapters.cli.bench import run
-from viasd_adapters.conf import CONFIG_DIR
+from viasd_adapters.configs import CONFIG_DIR
 
 CONF = Path(CONFIG_DIR)
 PROMPTS = [

@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 
 from viasd_adapters.bench.metrics import QUALITY_METRICS
 from viasd_adapters.bench.tasks import HumanEvalTask, JsonlTask, Prompt, read_prompts_file, resolve_path
-from viasd_adapters.conf import CONFIG_DIR
+from viasd_adapters.configs import CONFIG_DIR
 from viasd_adapters.prompts import DEFAULT, PROMPTS_DIR
 
 # Spec-Bench's question.jsonl, where this machine has a copy (tests only; the package never needs it).

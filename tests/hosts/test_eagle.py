@@ -20,19 +20,18 @@ eagle_utils = pytest.importorskip("eagle.model.utils")
 from eagle.model.choices import mc_sim_7b_63  # noqa: E402
 from eagle.model.ea_model import EaModel  # noqa: E402
 
-from viasd_adapters.hosts.eagle import (  # noqa: E402
+from viasd_adapters.third_party.eagle import (  # noqa: E402
     FULL_WEIGHTS,
     ea_model_from_target,
     KVBuffers,
     TransformersEagleBase,
-    VocabularyDraftHead,
     build_head,
     export_head,
     head_config,
     load_ea_model,
     save_head,
 )
-from viasd_adapters.hosts.eagle.adapter import (  # noqa: E402
+from viasd_adapters.hosts.eagle import (  # noqa: E402
     DraftTree,
     EagleDecoder,
     TieredEagle,
@@ -41,11 +40,11 @@ from viasd_adapters.hosts.eagle.adapter import (  # noqa: E402
     decide_tree,
 )
 from viasd_adapters.decode import AutoregressiveDecoder  # noqa: E402
-from viasd_adapters.models.vocab import DraftVocabulary  # noqa: E402
+from viasd_adapters.models.vocab import DraftVocabulary, VocabularyDraftHead  # noqa: E402
 from viasd_adapters.routing import RoutingMask  # noqa: E402
 from viasd_adapters.sampling import Sampler, SamplingConfig  # noqa: E402
 from viasd_adapters.verify import ConfidencePolicy, Tier  # noqa: E402
-from viasd_adapters.conf import CONFIG_DIR  # noqa: E402
+from viasd_adapters.configs import CONFIG_DIR  # noqa: E402
 
 PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
 
@@ -567,7 +566,7 @@ def test_head_training_runs_a_few_steps_and_resumes(tmp_path):
 
 
 def test_sampled_answers_are_seeded_resumed_and_held_out_with_their_prompt(tmp_path):
-    from viasd_adapters.hosts.eagle import TransformersEagleBase
+    from viasd_adapters.third_party.eagle import TransformersEagleBase
     from viasd_adapters.train.eagle import DataConfig, compute_features, generate_answers, split_by_prompt
 
     loaded = tiny(seed=0)

@@ -16,18 +16,18 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from viasd_adapters.hosts.pearl import DraftWorkerError, PearlConfig, PearlEngine
-from viasd_adapters.hosts.pearl.testing import ToyJudge, ToyProposer, toy_reference
+from viasd_adapters.third_party.pearl import DraftWorkerError, PearlConfig, PearlEngine
+from viasd_adapters.third_party.pearl.testing import ToyJudge, ToyProposer, toy_reference
 from tests.conftest import exact_marginals, perturbed, tiny
 from tests.verify.statistics import P_MIN, chi_square_p, total_variation
 from tests.decode.test_loops import PROMPT
-from viasd_adapters.hosts.pearl.adapter import PearlDecoder
+from viasd_adapters.hosts.pearl import PearlDecoder
 from viasd_adapters.decode import AutoregressiveDecoder
 from viasd_adapters.draft import ModelDrafter
 from viasd_adapters.pipeline import build_decoder, load_pair
 from viasd_adapters.sampling import SamplingConfig
 from viasd_adapters.verify import ConfidencePolicy, LosslessVerifier, Tier, TieredVerifier, Verifier
-from viasd_adapters.conf import CONFIG_DIR
+from viasd_adapters.configs import CONFIG_DIR
 
 TOY_PROMPT = torch.tensor([[3, 5, 7]])
 SAMPLED = SamplingConfig(temperature=1.0, seed=11)
@@ -201,8 +201,8 @@ def test_a_hung_worker_times_out():
 _ORPHAN_SCRIPT = textwrap.dedent(
     """
     import signal, sys, time, torch
-    from viasd_adapters.hosts.pearl import PearlConfig, PearlEngine
-    from viasd_adapters.hosts.pearl.testing import ToyJudge, ToyProposer
+    from viasd_adapters.third_party.pearl import PearlConfig, PearlEngine
+    from viasd_adapters.third_party.pearl.testing import ToyJudge, ToyProposer
 
     if __name__ == "__main__":
         # As in a terminal: a job started in the background of a non-interactive shell (CI
@@ -246,8 +246,8 @@ def test_no_orphan_when_the_parent_dies_or_is_interrupted(tmp_path, how):
 _SLOW_START_SCRIPT = textwrap.dedent(
     """
     import torch
-    from viasd_adapters.hosts.pearl import PearlConfig, PearlEngine
-    from viasd_adapters.hosts.pearl.testing import ToyJudge, ToyProposer
+    from viasd_adapters.third_party.pearl import PearlConfig, PearlEngine
+    from viasd_adapters.third_party.pearl.testing import ToyJudge, ToyProposer
 
     if __name__ == "__main__":
         # The drafter takes a minute to load in the worker, as a large draft model would.

@@ -12,7 +12,7 @@ from viasd_adapters.cli import eval_mask as eval_cli
 from viasd_adapters.cli import search as search_cli
 from viasd_adapters.routing import RoutingMask
 from viasd_adapters.search.calibration import select_prompts, PromptSource
-from viasd_adapters.conf import CONFIG_DIR
+from viasd_adapters.configs import CONFIG_DIR
 
 CONF = CONFIG_DIR
 

@@ -97,7 +97,7 @@ def test_a_closed_gate_skips_every_slim_pass_and_is_lossless_sd(pair):
 def test_eagle_refuses_a_gate_instead_of_ignoring_it(pair):
     from hydra.utils import instantiate
 
-    from viasd_adapters.hosts.eagle.adapter import tree_tiers
+    from viasd_adapters.hosts.eagle import tree_tiers
 
     node = OmegaConf.merge(_verifier(0.5), {"gate": {"_target_": "viasd_adapters.verify.gate.DraftConfidenceGate"}})
     verifier = instantiate(node, target=pair.target.model)

@@ -5,7 +5,7 @@ import torch
 
 from tests.decode.test_loops import PROMPT
 from viasd_adapters.draft import DraftBlock, ModelDrafter
-from viasd_adapters.hosts.pearl.adapter import VerifierJudge
+from viasd_adapters.hosts.pearl import VerifierJudge
 from viasd_adapters.sampling import Sampler, SamplingConfig
 from viasd_adapters.verify import ConfidencePolicy, Tier, TieredVerifier
 from viasd_adapters.verify.decision import SlimScores, decide

@@ -8,7 +8,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, open_dict
 
-from ..conf import CONFIG_DIR  # noqa: F401  (re-exported for the entry points)
+from ..configs import CONFIG_DIR  # noqa: F401  (re-exported for the entry points)
 
 
 def set_threads(threads: int | None) -> None:

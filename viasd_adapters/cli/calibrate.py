@@ -5,7 +5,7 @@ target and write them as a policy.
     viasd-calibrate 'masks=[qwen2.5-coder-1.5b-4l,qwen2.5-coder-1.5b-8l]'   # the operating point over masks
 
 The policy goes to the run directory and, as `policy/<output_name>.yaml`, to the user config
-directory every command searches (`viasd_adapters.conf.user_config_dir`), so `policy=<name>`
+directory every command searches (`viasd_adapters.configs.user_config_dir`), so `policy=<name>`
 selects it; the command prints that override. It never writes into the installed package.
 """
 
@@ -25,7 +25,7 @@ from ..search.thresholds import (
     ThresholdResult, choose, evaluate_thresholds, host_cost, reference_outputs, verify_cost, write_policy,
 )
 from ..search.timing import measure_cost_ratio
-from ..conf import load_routing, result_option
+from ..configs import load_routing, result_option
 from . import apply_routing_file, check_prompt_sources, entry_point, set_threads
 
 logger = logging.getLogger(__name__)

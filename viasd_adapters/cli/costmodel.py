@@ -58,7 +58,7 @@ def run(cfg: DictConfig) -> Path:
     out_dir = Path(cfg.out_dir)
     if cfg.mode == "profile":
         from ..pipeline import load_pair
-        from ..conf import load_routing
+        from ..configs import load_routing
 
         masks = [instantiate(node, _convert_="all") for node in load_routing(list(cfg.masks)).values()]
         set_threads(cfg.threads)

@@ -41,7 +41,7 @@ from ..bench.harness import BenchSettings, Harness, Method
 from ..bench.tasks import Prompt, Task
 from ..pipeline import build_decoder, encode_prompt, load_pair
 from ..search.space import attention_share
-from ..conf import load_routing
+from ..configs import load_routing
 from . import entry_point, set_threads
 
 logger = logging.getLogger(__name__)

@@ -5,7 +5,7 @@
 
 The mask goes to the run directory (`out_dir/mask.yaml`, beside the report) and, as
 `routing/<mask_name>.yaml`, to the user config directory every command searches
-(`viasd_adapters.conf.user_config_dir`), so `routing=<mask_name>` selects it; the command
+(`viasd_adapters.configs.user_config_dir`), so `routing=<mask_name>` selects it; the command
 prints that override. It never writes into the installed package.
 """
 
@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..checks import check_config
 from ..models import load_model
-from ..conf import ROUTING_FORMS, named_config, result_option
+from ..configs import ROUTING_FORMS, named_config, result_option
 from . import check_prompt_sources, entry_point, set_threads
 from ..routing import RoutingMask
 from ..bench.costmodel import LatencyProfile

@@ -50,9 +50,9 @@ def run(cfg: DictConfig):
 
 def export(cfg: DictConfig) -> Path:
     """eagle-llm's format (config.json + pytorch_model.bin) of a head, with the target's embeddings."""
-    from viasd_adapters.hosts.eagle import export_head
+    from viasd_adapters.third_party.eagle import export_head
 
-    from ..hosts.eagle.adapter import resolve_head
+    from ..hosts.eagle import resolve_head
     from ..models import load_model
 
     loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))

@@ -128,3 +128,27 @@ class ReducedHead(torch.nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., d] hidden states -> [..., N] logits over the kept ids."""
         return torch.nn.functional.linear(hidden, self.weight, self.bias)
+
+
+class VocabularyDraftHead(torch.nn.Module):
+    """The target's LM head scoring only a draft vocabulary (FR-Spec), for the head's tree growth.
+
+    eagle-llm's tree growth feeds the top-k ids of `head(hidden)` back to the head as token ids and
+    into the tree, so this returns logits over the full vocabulary, [..., V]: the N kept ids'
+    scores, -inf elsewhere. The product costs N / V of the full head's (32k of Qwen's 152k rows);
+    the scatter writes V values per row. In sampling, the draft distribution is then the
+    renormalised one over the kept ids, and eagle-llm's tree rejection sampling uses exactly it.
+    """
+
+    def __init__(self, target, vocabulary):
+        """`target`: the transformers model whose LM head is restricted; `vocabulary`: a
+        `DraftVocabulary` of its tokenizer (checked against the head's size)."""
+        super().__init__()
+        self.reduced = ReducedHead(target, vocabulary)
+        self.vocab_size = vocabulary.vocab_size  # the head's V: ReducedHead refuses any other
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] head outputs -> [..., V] logits, -inf outside the draft vocabulary."""
+        logits = self.reduced(hidden)
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.reduced.token_ids, logits)

@@ -366,7 +366,7 @@ def split_by_prompt(sequences: list[dict], eval_fraction: float, seed: int) -> t
 def train_head(target_model, features: dict, head_cfg: dict, cfg: TrainConfig, out_dir: Path,
                progress: bool = True, resume: bool = True) -> tuple:
     """Train eagle-llm's head on `features`; returns (head, steps, eval top-1, train sequences)."""
-    from viasd_adapters.hosts.eagle import build_head
+    from viasd_adapters.third_party.eagle import build_head
 
     torch.manual_seed(cfg.seed)
     train, held_out = split_by_prompt(features["sequences"], cfg.eval_fraction, cfg.seed)
@@ -450,7 +450,7 @@ class EagleTrainingConfig:
 def train_eagle_head(loaded: LoadedModel, cfg: EagleTrainingConfig, out_dir: str | Path, progress: bool = True,
                      resume: bool = True) -> TrainResult:
     """Stages 1-5 for the target `loaded`; the head folder is `out_dir`."""
-    from viasd_adapters.hosts.eagle import TransformersEagleBase, head_config, save_head
+    from viasd_adapters.third_party.eagle import TransformersEagleBase, head_config, save_head
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,6 @@
-"""Our integration code for eagle-llm 1.2.1 (EAGLE-1): shims and subclasses, no copies of its code.
+"""The EAGLE host: eagle-llm 1.2.1 (EAGLE-1) made to run here, with shims and subclasses, no copies of its code.
+
+It knows nothing of VIA-SD; `viasd_adapters.hosts.eagle` is the adapter that tiers its verify step.
 
 See README.md in this folder for what is patched and why.
 """
@@ -19,7 +21,7 @@ except importlib.metadata.PackageNotFoundError as err:  # pragma: no cover - env
     ) from err
 if _version != SUPPORTED_VERSION:
     logging.getLogger(__name__).warning(
-        "eagle-llm %s is installed; viasd_adapters.hosts.eagle was written against %s", _version, SUPPORTED_VERSION
+        "eagle-llm %s is installed; viasd_adapters.third_party.eagle was written against %s", _version, SUPPORTED_VERSION
     )
 
 from .head import (  # noqa: E402
@@ -36,7 +38,6 @@ from .head import (  # noqa: E402
     rewind_head,
     save_head,
     tree_growth,
-    VocabularyDraftHead,
 )
 from .kv import BufferCache, KVBuffers, head_dim  # noqa: E402
 from .loading import BACKENDS, ea_model_from_target, load_ea_model  # noqa: E402
@@ -69,5 +70,4 @@ __all__ = [
     "save_head",
     "tree_mask_4d",
     "tree_growth",
-    "VocabularyDraftHead",
 ]

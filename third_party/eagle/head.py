@@ -6,7 +6,7 @@ Two folder formats, both with eagle-llm's `config.json`:
   reads only this.
 * compact (`head.safetensors`): the trained tensors only, in float16. The embeddings are the
   target's and are shared with it at load time. This is what the repository ships
-  (`viasd_adapters/hosts/eagle/heads/`); `export_head` writes the eagle-llm format from it.
+  (`third_party/eagle/heads/`); `export_head` writes the eagle-llm format from it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ...models.vocab import ReducedHead
 
 CONFIG = "config.json"
 FULL_WEIGHTS = "pytorch_model.bin"  # eagle-llm's format
@@ -143,31 +142,6 @@ def extend_head(ea_layer: nn.Module, features: torch.Tensor, next_tokens: torch.
     ea_layer.reset()  # clears the tree mask topK_genrate leaves behind
     _, kv = ea_layer(features, input_ids=next_tokens, past_key_values=kv, use_cache=True)
     ea_layer.stable_kv = kv
-
-
-# ----------------------------------------------------------------------------- reduced draft vocabulary
-class VocabularyDraftHead(nn.Module):
-    """The target's LM head scoring only a draft vocabulary (FR-Spec), for the head's tree growth.
-
-    eagle-llm's tree growth feeds the top-k ids of `head(hidden)` back to the head as token ids and
-    into the tree, so this returns logits over the full vocabulary, [..., V]: the N kept ids'
-    scores, -inf elsewhere. The product costs N / V of the full head's (32k of Qwen's 152k rows);
-    the scatter writes V values per row. In sampling, the draft distribution is then the
-    renormalised one over the kept ids, and eagle-llm's tree rejection sampling uses exactly it.
-    """
-
-    def __init__(self, target, vocabulary):
-        """`target`: the transformers model whose LM head is restricted; `vocabulary`: a
-        `DraftVocabulary` of its tokenizer (checked against the head's size)."""
-        super().__init__()
-        self.reduced = ReducedHead(target, vocabulary)
-        self.vocab_size = vocabulary.vocab_size  # the head's V: ReducedHead refuses any other
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., H] head outputs -> [..., V] logits, -inf outside the draft vocabulary."""
-        logits = self.reduced(hidden)
-        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
-        return full.index_copy_(-1, self.reduced.token_ids, logits)
 
 
 @contextmanager

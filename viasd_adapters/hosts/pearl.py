@@ -15,15 +15,15 @@ from collections import Counter
 
 import torch
 
-from ...decode.loops import Decoder, GenerationResult, _Progress, check_same_vocabulary
-from ...decode.stats import DecodeStats
-from ...draft.base import DraftBlock, Drafter
-from ...runner import CallStats
-from ...sampling import Sampler, SamplingConfig
-from ...verify.base import Verdict, Verifier
+from ..decode.loops import Decoder, GenerationResult, _Progress, check_same_vocabulary
+from ..decode.stats import DecodeStats
+from ..draft.base import DraftBlock, Drafter
+from ..runner import CallStats
+from ..sampling import Sampler, SamplingConfig
+from ..verify.base import Verdict, Verifier
 
-from .engine import PearlConfig, PearlEngine
-from .protocol import Judgement
+from ..third_party.pearl.engine import PearlConfig, PearlEngine
+from ..third_party.pearl.protocol import Judgement
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""The package's Hydra configs (package data): one folder per config group.
+"""Where the Hydra configs are: the config tree (`conf/` in a checkout, `viasd_adapters.conf` in
+the wheel), then the user's own.
 
 Every command also searches a user config directory, after the package's own configs: the
 folder named by `$VIASD_CONFIG_DIR`, else `$XDG_CONFIG_HOME/viasd-adapters/conf` (by default
@@ -16,8 +17,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from . import conf as _config_tree
+
 # Absolute, so console scripts find the configs whatever their working directory.
-CONFIG_DIR = str(Path(__file__).resolve().parent)
+CONFIG_DIR = str(Path(_config_tree.__file__).resolve().parent)
 
 
 def user_config_dir() -> Path:

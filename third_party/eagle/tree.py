@@ -192,6 +192,6 @@ def layers_for(base_model: nn.Module) -> TreeLayers:
         return EagleLlamaLayers(base_model.model, base_model.lm_head, base_model.config)
     raise ValueError(
         f"the slim tree pass supports eagle-llm's Llama and transformers targets loaded through"
-        f" viasd_adapters.hosts.eagle.load_ea_model, not {type(base_model).__name__} (eagle-llm loads every"
-        " non-Llama target as Mixtral: load it with viasd_adapters.hosts.eagle.load_ea_model instead)"
+        f" viasd_adapters.third_party.eagle.load_ea_model, not {type(base_model).__name__} (eagle-llm loads every"
+        " non-Llama target as Mixtral: load it with viasd_adapters.third_party.eagle.load_ea_model instead)"
     )

@@ -45,14 +45,14 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from ...conf import ROUTING_FORMS, named_config
-from ...decode import Decoder, DecodeStats, GenerationResult
-from ...models.vocab import DraftVocabulary
-from ...routing import RoutingMask, SlimModel
-from ...runner import CallStats
-from ...sampling import Sampler, SamplingConfig
-from ...verify import LosslessVerifier, Tier, TieredVerifier, TierPolicy, Verifier
-from ...verify.decision import SlimScores, TierDecision, decide
+from ..configs import ROUTING_FORMS, named_config
+from ..decode import Decoder, DecodeStats, GenerationResult
+from ..models.vocab import DraftVocabulary, VocabularyDraftHead
+from ..routing import RoutingMask, SlimModel
+from ..runner import CallStats
+from ..sampling import Sampler, SamplingConfig
+from ..verify import LosslessVerifier, Tier, TieredVerifier, TierPolicy, Verifier
+from ..verify.decision import SlimScores, TierDecision, decide
 
 try:
     from eagle.model import choices as eagle_choices
@@ -68,12 +68,12 @@ try:
         update_inference_inputs,
     )
 
-    from . import (
+    from ..third_party import eagle as third_party_eagle
+    from ..third_party.eagle import (
         KVBuffers,
         ea_model_from_target,
         extend_head,
         head_length,
-        VocabularyDraftHead,
         is_head_folder,
         layers_for,
         rewind_head,
@@ -86,7 +86,7 @@ except ImportError as err:  # pragma: no cover - environment problem
         " of viasd-adapters installs what it really imports)"
     ) from err
 
-SHIPPED_HEADS = Path(__file__).resolve().parent / "heads"  # package data: one folder per target
+SHIPPED_HEADS = Path(third_party_eagle.__file__).resolve().parent / "heads"  # package data: one folder per target
 
 
 # ----------------------------------------------------------------------------- tree and decisions
@@ -212,7 +212,7 @@ class TieredEagle(nn.Module):
 
     Args:
         ea_model: the deployment's `EaModel` (stock `EaModel.from_pretrained`, or
-            `viasd_adapters.hosts.eagle.load_ea_model` for Qwen2 and other transformers targets).
+            `viasd_adapters.third_party.eagle.load_ea_model` for Qwen2 and other transformers targets).
         routing: the slim verifier's routing mask (`RoutingMask`, or the path of its YAML);
             `RoutingMask.none()` makes u the target itself.
         policy: the tier policy; None switches tiers 1-2 off (stock EAGLE, token for token).
@@ -484,7 +484,7 @@ def _global_rng(sampling: SamplingConfig):
 
 # ----------------------------------------------------------------------------- the Decoder
 def resolve_head(head: str | Path) -> Path:
-    """A head folder as given, or the name of a head shipped with the package (`hosts/eagle/heads/`)."""
+    """A head folder as given, or the name of a head shipped with the package (`third_party/eagle/heads/`)."""
     path = Path(head).expanduser()
     for candidate in (path, SHIPPED_HEADS / path):
         if is_head_folder(candidate):

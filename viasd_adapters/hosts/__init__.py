@@ -1,0 +1,3 @@
+"""The host adapters: each wraps one host framework's verify step (`viasd_adapters.third_party`)
+with VIA-SD's `TieredVerifier`. Plain draft-model SD, lookup and cascade need none: they are
+`decode.SpeculativeDecoder` with a drafter."""
