@@ -100,25 +100,48 @@ def test_prompt_lookup_and_pearl_equal_generate(pair, reference):
         pearl.close()
 
 
-def test_eagle_head_equals_generate(tmp_path):
+def _eagle_target(folder):
+    """The tiny target loaded from its folder (EaModel reads its tokenizer there) and a random head beside it."""
     pytest.importorskip("eagle.model.utils")
     from viasd_adapters.third_party.eagle import build_head, head_config, save_head
 
     loaded = tiny(seed=0)
-    loaded.model.save_pretrained(tmp_path / "target")  # EaModel reads the target's folder for its tokenizer
-    loaded.tokenizer.save_pretrained(tmp_path / "target")
-    target = AutoModelForCausalLM.from_pretrained(tmp_path / "target", attn_implementation="sdpa").eval()
+    loaded.model.save_pretrained(folder / "target")
+    loaded.tokenizer.save_pretrained(folder / "target")
+    target = AutoModelForCausalLM.from_pretrained(folder / "target", attn_implementation="sdpa").eval()
     config = head_config(target.config, intermediate_size=96)
     torch.manual_seed(0)
-    save_head(build_head(config), config, tmp_path / "head", full=False, compact=True)
+    save_head(build_head(config), config, folder / "head", full=False, compact=True)
+    return target, folder / "head"
+
+
+def test_eagle_head_equals_generate(tmp_path):
+    target, head = _eagle_target(tmp_path)
     expected = target.generate(PROMPT, max_new_tokens=30, do_sample=False, pad_token_id=0)
-    stock = vsd.build(target, vsd.EagleHead(tmp_path / "head"))
-    tiered = vsd.build(target, str(tmp_path / "head"), routing=vsd.RoutingMask.none(), policy=(0.0, 0.0))
+    stock = vsd.build(target, vsd.EagleHead(head))
+    tiered = vsd.build(target, str(head), routing=vsd.RoutingMask.none(), policy=(0.0, 0.0))
     assert (stock.method, tiered.method) == ("EAGLE", "VIA-SD on EAGLE")
     assert torch.equal(stock.generate(PROMPT, max_new_tokens=30), expected)
     # u = q itself: tiers 1-2 keep only q's argmax, so greedy output is still the target's
     out = tiered.generate(PROMPT, max_new_tokens=30, return_dict_in_generate=True)
     assert torch.equal(out.sequences, expected) and out.stats.tier_counts.keys() - {"full"}
+
+
+def test_eagle_gets_the_tier_options(tmp_path):
+    """`build` once dropped `rejudge` on the way to EAGLE's tree path."""
+    target, head = _eagle_target(tmp_path)
+    generator = vsd.build(target, vsd.EagleHead(head), routing=MASK, policy=(0.5, 0.5), rejudge=False,
+                          max_unverified=5)
+    tree_path = generator.decoder.model
+    assert (tree_path.rejudge, tree_path.max_unverified, tree_path.policy.tau_slim) == (False, 5, 0.5)
+    assert tuple(tree_path.routing.skip_layers) == tuple(MASK.skip_layers) == (2,)
+    assert vsd.build(target, vsd.EagleHead(head), routing=MASK).decoder.model.rejudge is True
+
+
+def test_a_verifier_eagle_cannot_run_is_refused_before_its_head_loads(pair, tmp_path):
+    target, _ = pair
+    with pytest.raises(ValueError, match=r"^EAGLE does not honour the verifier's share_prefix: pass share_prefix=False$"):
+        vsd.build(target.model, vsd.EagleHead(tmp_path / "no-head-here"), routing=MASK, share_prefix=True)
 
 
 def test_via_sd_tiers_settle_tokens_without_the_target(pair):

@@ -95,6 +95,53 @@ def test_bad_settings_fail_before_any_model_loads(monkeypatch):
         run(composed("generate", ["framework=pearl", "framework.decoder.start_method=fork-server"]))
 
 
+def _options(group: str) -> list[str]:
+    import pathlib
+
+    return sorted(p.stem for p in (pathlib.Path(CONFIG_DIR) / group).glob("*.yaml"))
+
+
+def test_the_refused_framework_verifier_pairs_are_exactly_these():
+    refused = {}
+    for framework in _options("framework"):
+        for verifier in _options("verifier"):
+            overrides = [f"framework={framework}", f"verifier={verifier}"]
+            try:
+                check_config(composed("generate", overrides), overrides)
+            except ValueError as err:
+                refused[framework, verifier] = str(err)
+    assert set(refused) == {("ar", "tiered"), ("ar", "tiered-intermediate"), ("ar", "faster-cascade"),
+                            ("eagle", "tiered-intermediate"), ("eagle", "faster-cascade")}
+    assert refused["eagle", "faster-cascade"] == (
+        "framework=eagle (EAGLE) runs verifier=full (stock EAGLE) or verifier=tiered (VIA-SD on a routed view of"
+        " the target's own layers), not verifier=faster-cascade: pick one of those, or framework=sd, lookup or"
+        " pearl for verifier=faster-cascade")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["framework=eagle", "verifier=tiered-intermediate"], "runs verifier=full .* not verifier=tiered-intermediate"),
+    (["framework=eagle", "verifier=tiered", "verifier.share_prefix=true"],
+     r"^framework=eagle \(EAGLE\) does not honour the verifier's share_prefix: set verifier.share_prefix=false$"),
+    (["framework=eagle", "verifier=tiered", "+verifier.gate._target_=viasd_adapters.verify.gate.DraftConfidenceGate"],
+     "does not honour the verifier's gate: set verifier.gate=null"),
+    (["framework=eagle", "+framework.drafter._target_=viasd_adapters.draft.PromptLookupDrafter"],
+     r"framework=eagle \(EAGLE\) drafts for itself: set framework.drafter=null"),
+    (["framework=sd", "framework.drafter=null"], r"framework=sd \(SD\) drafts with framework.drafter, which is null"),
+], ids=["intermediate", "share-prefix", "gate", "drafter", "no-drafter"])
+def test_a_framework_its_host_cannot_run_is_refused_before_any_model_loads(monkeypatch, overrides, message):
+    """These were refused only after the models had loaded (or, for a drafter, ignored)."""
+    import viasd_adapters.models as models
+    from viasd_adapters.cli.generate import run
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the pair was checked")
+
+    monkeypatch.setattr(models, "load_model", load_model)
+    monkeypatch.setattr("viasd_adapters.pipeline.load_model", load_model)
+    with pytest.raises(ValueError, match=message):
+        run(composed("generate", ["model_pair=smollm2-135m", *overrides]))
+
+
 def test_the_console_script_reads_its_overrides(tmp_path):
     """`@hydra.main` passes the command line to the check: an unused policy override is refused."""
     out = subprocess.run(

@@ -80,6 +80,14 @@ def test_prompt_file_takes_any_characters(tmp_path):
     assert from_file.result.tokens == direct.tokens
 
 
+def test_the_prompt_is_tokenised_once(monkeypatch):
+    calls = []
+    encode = Pipeline.encode
+    monkeypatch.setattr(Pipeline, "encode", lambda self, prompt: calls.append(prompt) or encode(self, prompt))
+    outcome = run(compose_generate(*TINY, "max_new_tokens=4", "prompt=hello"))
+    assert calls == ["hello"] and len(outcome.result.tokens) == 4
+
+
 def test_missing_prompt_file_fails_before_loading(monkeypatch, tmp_path):
     def no_loading(cfg):
         raise AssertionError("models were loaded before the prompt was read")

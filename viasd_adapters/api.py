@@ -29,22 +29,23 @@ from typing import Any
 
 import torch
 import yaml
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
+from .compat import HOSTS, check, streams
 from .configs import ROUTING_FORMS, named_config
 from .decode import AutoregressiveDecoder, Decoder, DecodeStats, SpeculativeDecoder
 from .draft import CascadeDrafter, Drafter, ModelDrafter, PromptLookupDrafter
 from .models import LoadedModel
-from .pipeline import encode_text, streams
+from .pipeline import assemble, encode_text
 from .routing import RoutingMask, SlimModel
 from .sampling import SamplingConfig
 from .verify import ConfidencePolicy, LosslessVerifier, SpeculativeCascadeVerifier, TieredVerifier, TierPolicy
 
 logger = logging.getLogger(__name__)
 
-FRAMEWORKS = ("sd", "pearl")  # host loops for model / lookup drafters; an EAGLE head brings its own
+FRAMEWORKS = tuple(k for k, h in HOSTS.items() if "drafter" in h.parts)  # hosts of model / lookup drafters
 LOOKUP = ("lookup", "prompt-lookup", "prompt_lookup")  # draft= names of prompt-lookup drafting
 _DEFAULT = object()  # `policy` not given: the default thresholds when a routing mask is given
 
@@ -432,64 +433,54 @@ def build(
         draft = draft.model
     if not isinstance(target, PreTrainedModel):
         raise TypeError(f"target must be a transformers PreTrainedModel, got {type(target).__name__}")
-    if framework not in FRAMEWORKS:
-        raise ValueError(f"framework {framework!r} is not one of {FRAMEWORKS} (an EagleHead draft runs EAGLE's loop)")
+    if isinstance(draft, (str, Path)) and str(draft) not in LOOKUP:
+        draft = EagleHead(draft)
+    host = _host(draft, framework)
     mask = routing_mask(routing)
     tiers = tier_policy(ConfidencePolicy() if policy is _DEFAULT and mask is not None else
                         (None if policy is _DEFAULT else policy))
     if tiers is not None and mask is None:
         raise ValueError("a tier policy needs the slim verifier's routing mask: pass routing= (a mask, its YAML or a"
                          " name; RoutingMask.none() makes the slim verifier the target itself)")
+    check(host, "full" if tiers is None else "tiered", {"share_prefix": share_prefix})  # before EAGLE's head loads
     if mask is not None:
         mask = check_mask(mask, target)
         if tiers is not None:
             SlimModel(target, mask)  # refuses an architecture or a sub-block mask the slim view cannot run
     if max_unverified < 0:
         raise ValueError(f"max_unverified must be >= 0, got {max_unverified}")
+    parts = HOSTS[host].parts
+    _check_options(get_class(HOSTS[host].decoder), options, HOSTS[host].name)
 
-    if isinstance(draft, (str, Path)) and str(draft) not in LOOKUP:
-        draft = EagleHead(draft)
+    drafter = verifier = None
+    if isinstance(draft, EagleHead):  # the head's files are the decoder's own settings
+        options = {**options, "head": draft.path, "tokenizer_path": draft.tokenizer_path}
+    elif "drafter" in parts:
+        drafter = _drafter(draft, target, tokenizer, draft_tokenizer)
+    if "verifier" in parts:
+        verifier = LosslessVerifier(target) if tiers is None else TieredVerifier(
+            target, slim=lambda t: SlimModel(t, mask), policy=tiers, max_unverified=max_unverified,
+            rejudge=rejudge, share_prefix=share_prefix)
+    return SpeculativeGenerator(assemble(host, target, drafter, verifier, **options), target, tokenizer)
+
+
+def _host(draft, framework: str) -> str:
+    """The `compat.HOSTS` key `build` runs: EAGLE for a head, AR without a draft, else `framework`."""
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework {framework!r} is not one of {FRAMEWORKS} (an EagleHead draft runs EAGLE's loop)")
     if isinstance(draft, EagleHead):
         if framework != "sd":
             raise ValueError(f"an EAGLE head runs EAGLE's own loop: drop framework={framework!r}")
-        decoder = _eagle_decoder(target, draft, mask if tiers is not None else None, tiers, max_unverified, options)
-        return SpeculativeGenerator(decoder, target, tokenizer)
-    if draft is None:
-        if tiers is not None:
-            raise ValueError("VIA-SD's tiers judge draft tokens: pass a draft (a draft model, 'lookup' or an EagleHead)")
-        _check_options(AutoregressiveDecoder, options, "autoregressive decoding")
-        return SpeculativeGenerator(AutoregressiveDecoder(target, **options), target, tokenizer)
+        return "eagle"
+    return "ar" if draft is None else framework
 
+
+def _drafter(draft, target: PreTrainedModel, tokenizer, draft_tokenizer) -> Drafter:
     if isinstance(draft, str):
-        drafter: Drafter = PromptLookupDrafter()
-    elif isinstance(draft, Drafter):
-        drafter = draft
-    elif isinstance(draft, PreTrainedModel):
+        return PromptLookupDrafter()
+    if isinstance(draft, Drafter):
+        return draft
+    if isinstance(draft, PreTrainedModel):
         check_pair(target, draft, tokenizer, draft_tokenizer)
-        drafter = ModelDrafter(draft)
-    else:
-        raise TypeError(
-            f"draft must be a draft model, 'lookup', an EagleHead or a Drafter, got {type(draft).__name__}"
-        )
-    if tiers is None:
-        verifier = LosslessVerifier(target)
-    else:
-        verifier = TieredVerifier(target, slim=lambda t: SlimModel(t, mask), policy=tiers,
-                                  max_unverified=max_unverified, rejudge=rejudge, share_prefix=share_prefix)
-    if framework == "pearl":
-        from .hosts.pearl import PearlDecoder
-
-        _check_options(PearlDecoder, options, "PEARL")
-        decoder = PearlDecoder(drafter, verifier, **options)
-    else:
-        _check_options(SpeculativeDecoder, options, "SD")
-        decoder = SpeculativeDecoder(drafter, verifier, **options)
-    return SpeculativeGenerator(decoder, target, tokenizer)
-
-
-def _eagle_decoder(target, head: EagleHead, mask, policy, max_unverified, options) -> Decoder:
-    from .hosts.eagle import EagleDecoder
-
-    _check_options(EagleDecoder, options, "EAGLE")
-    return EagleDecoder(target=target, head=head.path, routing=mask, policy=policy, max_unverified=max_unverified,
-                        tokenizer_path=head.tokenizer_path, **options)
+        return ModelDrafter(draft)
+    raise TypeError(f"draft must be a draft model, 'lookup', an EagleHead or a Drafter, got {type(draft).__name__}")

@@ -21,7 +21,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from .pipeline import PAIR_MODELS, takes_verifier
+from . import compat
+from .pipeline import PAIR_MODELS
 
 
 def check_config(cfg: DictConfig, overrides: Iterable[str] | None = None, identity_slim_ok: bool = False) -> None:
@@ -86,21 +87,15 @@ def check_runtime(runtime: DictConfig) -> None:
 
 def check_components(name: str, framework: DictConfig, verifier: DictConfig | None, identity_slim_ok: bool = False,
                      masks: list[str] = ()) -> None:
-    """One decoding method: its framework and verifier configs make sense together and each
-    `_target_` node takes the settings it is given."""
-    from .verify import LosslessVerifier
-
+    """One decoding method: its framework and verifier configs make a pair the compatibility
+    table (`compat.HOSTS`) allows and each `_target_` node takes the settings it is given."""
     where = f"{name}: " if name else ""
-    decoder_cls = _class(framework.decoder, f"{where}framework.decoder")
-    uses_verifier = takes_verifier(framework)
-    if verifier is not None and not uses_verifier:
-        verifier_cls = _class(verifier, f"{where}verifier")
-        if verifier_cls is not LosslessVerifier:  # the `verifier` group's default, harmless when unused
-            raise ValueError(
-                f"{where}framework={framework.get('name')} ({decoder_cls.__name__}) takes no verifier, so "
-                f"{verifier_cls.__name__} would be ignored: write framework=sd verifier=tiered for VIA-SD "
-                "on draft-model SD (or framework=lookup / pearl), or drop the verifier override"
-            )
+    host = _host(framework, where)
+    uses_verifier = "verifier" in compat.HOSTS[host].parts
+    if verifier is not None:
+        routed = verifier.get("slim") not in PAIR_MODELS  # not an independent model of the pair
+        kind = compat.verifier_kind(_class(verifier, f"{where}verifier"), routed)
+        compat.check(host, kind, verifier, f"{where}framework={framework.get('name')}")
     _check_node(framework.decoder, f"{where}framework.decoder")
     if framework.get("drafter") is not None:
         _check_node(framework.drafter, f"{where}framework.drafter", modelless_ok=True)
@@ -118,6 +113,20 @@ def check_components(name: str, framework: DictConfig, verifier: DictConfig | No
                 f"full target itself and the tiers only add cost: write {pick}{others}, or verifier=full "
                 "for plain speculative decoding"
             )
+
+
+def _host(framework: DictConfig, where: str) -> str:
+    """The framework's host (`compat.HOSTS`); it configures a drafter exactly when its host drafts with one."""
+    host = compat.host_for(_class(framework.decoder, f"{where}framework.decoder"))
+    drafts = "drafter" in compat.HOSTS[host].parts
+    if drafts != (framework.get("drafter") is not None):
+        raise ValueError(
+            f"{where}framework={framework.get('name')} ({compat.HOSTS[host].name}) "
+            + ("drafts with framework.drafter, which is null: give one, e.g."
+               " framework.drafter={_target_: viasd_adapters.draft.PromptLookupDrafter}" if drafts else
+               "drafts for itself: set framework.drafter=null")
+        )
+    return host
 
 
 def _slim_mask(node: DictConfig | None):
@@ -197,7 +206,7 @@ def _check_type(path: str, value, hint) -> None:
 
 def _class(node: DictConfig, path: str):
     try:
-        return get_class(node._target_) if "." in node._target_ else None
+        return get_class(node._target_)
     except Exception as err:  # hydra raises ImportError or its own InstantiationException
         raise ValueError(f"{path}: cannot import {node._target_!r}: {err}") from err
 
@@ -249,7 +258,8 @@ def _check_group_is_used(group: str, overrides: list[str], components) -> None:
     if not given:
         return
     for _, framework, verifier in components:
-        nodes = [framework.decoder] + ([verifier] if verifier is not None and takes_verifier(framework) else [])
+        takes_verifier = verifier is not None and "verifier" in compat.HOSTS[_host(framework, "")].parts
+        nodes = [framework.decoder] + ([verifier] if takes_verifier else [])
         for node in nodes:
             raw = OmegaConf.to_container(node, resolve=False)
             if "${" + group in str(raw) and _active(node):

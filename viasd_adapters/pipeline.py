@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 from dataclasses import dataclass
 
 import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
+from .compat import HOSTS, host_for, streams
 from .decode import Decoder, GenerationResult
+from .draft import Drafter
 from .models import LoadedModel, load_model
 from .sampling import SamplingConfig
+from .verify import Verifier
 
 logger = logging.getLogger(__name__)
 
@@ -67,30 +69,34 @@ def _with_models(node: DictConfig, pair: ModelPair) -> dict:
     return models
 
 
-def takes_verifier(framework: DictConfig) -> bool:
-    """Whether the framework's decoder is built with a `verifier` (AR, for one, is not)."""
-    cls = get_class(framework.decoder._target_)
-    return "verifier" in inspect.signature(cls).parameters
-
-
 def build_decoder(framework: DictConfig, verifier: DictConfig, pair: ModelPair) -> Decoder:
-    """Build `framework` around the loaded pair.
+    """Build `framework` around the loaded pair, with the parts its host takes (`compat.HOSTS`).
 
-    A framework with a `drafter` gets `drafter=` and `verifier=` (built from `verifier`, with
-    `target=` the pair's target); one without (AR) gets the bare `target=` model, and the verifier
-    too when its decoder takes one (it drafts for itself and verifies with the configured rule: EAGLE).
-    Inside the drafter and verifier configs, "pair.draft" / "pair.target" stand for the loaded models.
+    The drafter and the verifier (with `target=` the pair's target) are built from their configs,
+    in which "pair.draft" / "pair.target" stand for the loaded models.
     """
-    if framework.drafter is None:
-        if takes_verifier(framework):
-            built = instantiate(verifier, target=pair.target.model, **_with_models(verifier, pair))
-            return instantiate(framework.decoder, target=pair.target.model, verifier=built)
-        return instantiate(framework.decoder, target=pair.target.model)
-    return instantiate(
-        framework.decoder,
-        drafter=instantiate(framework.drafter, **_with_models(framework.drafter, pair)),
-        verifier=instantiate(verifier, target=pair.target.model, **_with_models(verifier, pair)),
-    )
+    host = host_for(get_class(framework.decoder._target_))
+    parts = HOSTS[host].parts
+    drafter = instantiate(framework.drafter, **_with_models(framework.drafter, pair)) if "drafter" in parts else None
+    built = (instantiate(verifier, target=pair.target.model, **_with_models(verifier, pair))
+             if "verifier" in parts else None)
+    return assemble(host, pair.target.model, drafter, built, decoder=framework.decoder)
+
+
+def assemble(host: str, target: PreTrainedModel, drafter: Drafter | None = None, verifier: Verifier | None = None,
+             decoder: DictConfig | None = None, **options) -> Decoder:
+    """The decoder of `host` (a key of `compat.HOSTS`): what `build_decoder` and `api.build` both end in.
+
+    Of `target`, `drafter` and `verifier` it passes the parts the host's row lists. `decoder`: the
+    framework config's decoder node (Hydra builds its nested nodes); None: the host's decoder class
+    called with `options` (the Python API's, which may be objects no config can hold).
+    """
+    given = {"target": target, "drafter": drafter, "verifier": verifier}
+    parts = {name: given[name] for name in HOSTS[host].parts}
+    assert all(part is not None for part in parts.values()), f"{host} is built with {sorted(parts)}"
+    if decoder is not None:
+        return instantiate(decoder, **parts)
+    return get_class(HOSTS[host].decoder)(**parts, **options)
 
 
 def encode_prompt(target: LoadedModel, prompt: str, chat_template: bool = True) -> torch.Tensor:
@@ -111,11 +117,6 @@ def encode_text(tokenizer: PreTrainedTokenizerBase, prompt: str, chat_template: 
     return tokenizer(prompt, return_tensors="pt").input_ids
 
 
-def streams(decoder: Decoder) -> bool:
-    """Whether `decoder.generate` takes a `streamer` (the core loops do; some host loops do not)."""
-    return "streamer" in inspect.signature(decoder.generate).parameters
-
-
 @dataclass
 class Pipeline:
     """One decoder with the models it decodes for: what `viasd-generate` runs."""
@@ -133,12 +134,13 @@ class Pipeline:
     def encode(self, prompt: str) -> torch.Tensor:
         return encode_prompt(self.pair.target, prompt, self.chat_template)
 
-    def generate(self, prompt: str, max_new_tokens: int, sampling: SamplingConfig,
+    def generate(self, prompt: str | torch.Tensor, max_new_tokens: int, sampling: SamplingConfig,
                  streamer: BaseStreamer | None = None) -> GenerationResult:
-        """Decode `prompt`; `streamer` is passed on when the decoder streams (see `streams`)."""
-        target = self.pair.target
+        """Decode `prompt` (text, or its [1, T] ids from `encode`); `streamer` is passed on when the
+        decoder streams (`compat.HOSTS`)."""
+        ids = self.encode(prompt) if isinstance(prompt, str) else prompt
         extra = {"streamer": streamer} if streamer is not None and streams(self.decoder) else {}
-        return self.decoder.generate(self.encode(prompt), max_new_tokens, sampling, target.stop_token_ids, **extra)
+        return self.decoder.generate(ids, max_new_tokens, sampling, self.pair.target.stop_token_ids, **extra)
 
     def decode(self, tokens: list[int]) -> str:
         return self.pair.target.tokenizer.decode(tokens, skip_special_tokens=True)

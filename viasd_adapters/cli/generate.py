@@ -17,8 +17,9 @@ from omegaconf import DictConfig
 
 from ..api import describe
 from ..checks import check_config
+from ..compat import streams
 from ..decode import GenerationResult
-from ..pipeline import Pipeline, streams
+from ..pipeline import Pipeline
 from ..progress import TokenProgress
 from . import apply_routing_file, entry_point, set_threads
 
@@ -72,7 +73,7 @@ def run(cfg: DictConfig) -> GenerateOutcome:
     progress = TokenProgress(cfg.max_new_tokens, enabled=bool(cfg.progress), desc=method)
     if cfg.progress and not streams(pipeline.decoder):
         logger.info("%s's loop does not stream: no progress bar", method)
-    result = pipeline.generate(prompt, cfg.max_new_tokens, sampling, streamer=progress)
+    result = pipeline.generate(ids, cfg.max_new_tokens, sampling, streamer=progress)
     progress.end()
     return GenerateOutcome(pipeline.decode(result.tokens), result, method, prompt, ids.shape[1])
 

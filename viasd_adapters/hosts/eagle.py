@@ -45,13 +45,14 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from ..compat import built_kind, check
 from ..configs import ROUTING_FORMS, named_config
 from ..decode import Decoder, DecodeStats, GenerationResult
 from ..models.vocab import DraftVocabulary, VocabularyDraftHead
-from ..routing import RoutingMask, SlimModel
+from ..routing import RoutingMask
 from ..runner import CallStats
 from ..sampling import Sampler, SamplingConfig
-from ..verify import LosslessVerifier, Tier, TieredVerifier, TierPolicy, Verifier
+from ..verify import Tier, TieredVerifier, TierPolicy, Verifier
 from ..verify.decision import SlimScores, TierDecision, decide
 
 try:
@@ -499,30 +500,16 @@ def resolve_head(head: str | Path) -> Path:
 def tree_tiers(verifier: Verifier, target: PreTrainedModel | None = None):
     """(routing, policy, max_unverified, rejudge) of the tree path from a configured verifier.
 
-    EAGLE verifies its own tree: of the project's verifiers it takes the lossless rule (stock
-    EAGLE) and VIA-SD's tiers with a slim view of the target; anything else is refused.
+    Which verifiers EAGLE runs is the compatibility table's to say (`viasd_adapters.compat`).
     """
+    check("eagle", *built_kind(verifier), framework="framework=eagle")
     if isinstance(verifier, TieredVerifier):
-        if verifier.shared is not None:
-            raise ValueError("framework=eagle does not reuse shared layers: set verifier.share_prefix=false")
         if target is not None and verifier.target.model is not target:
             raise ValueError("the tiered verifier was built for another target than EAGLE's")
-        if getattr(verifier, "gate", None) is not None:
-            raise ValueError("framework=eagle does not use a block gate (its tree is judged whole): set verifier.gate=null")
         if verifier.policy is None:  # tiers off: stock EAGLE
             return None, None, verifier.max_unverified, verifier.rejudge
-        slim = verifier.slim.model
-        if not isinstance(slim, SlimModel) or slim.lm_head is not verifier.target.model.get_output_embeddings():
-            raise ValueError(
-                "framework=eagle runs the slim verifier over its tree with the target's own layers: use"
-                " verifier=tiered (a routed view of the target); an independent middle model"
-                " (verifier=tiered-intermediate) works with framework=sd, lookup or pearl")
-        return slim.mask, verifier.policy, verifier.max_unverified, verifier.rejudge
-    if type(verifier) is LosslessVerifier:
-        return None, None, 16, True
-    raise ValueError(
-        f"framework=eagle verifies its tree with verifier=full (stock EAGLE) or verifier=tiered (VIA-SD),"
-        f" not {type(verifier).__name__}: pick one of those, or another framework for this verifier")
+        return verifier.slim.model.mask, verifier.policy, verifier.max_unverified, verifier.rejudge
+    return None, None, 16, True
 
 
 class EagleDecoder(Decoder):
