@@ -1,19 +1,40 @@
-"""The device's latency profile: milliseconds per forward pass, measured once and cached.
+"""The device's latency profile, milliseconds per forward pass measured once and cached, and
+the cost model fitted to it.
 
 A profile is a list of entries, one per measured configuration:
 
-    model, dtype, threads, context (tokens already cached), new_tokens (tokens fed), layers
-    (None: the whole model; a slim view's layer count otherwise)  ->  ms (median), ms_min, repeats
+    model, dtype, threads, context (tokens already cached; 0: a prefill from an empty cache),
+    new_tokens (tokens fed), layers (None: the whole model; a slim view's layers run otherwise)
+    ->  ms (median), ms_min, repeats
 
-It is measured by `viasd-profile` (or `measure_profile`) and cached as JSON in
-`$VIASD_CACHE/profiles/<cpu slug>.json` (default ~/.cache/viasd-adapters/profiles/), with the CPU,
-torch version and device it was measured with. Entries are keyed, so a later measurement (more
-models, another dtype, slim views with `layers` set) merges into the same file instead of
-replacing it.
+It is measured by `viasd-profile`, `viasd-costmodel mode=profile` or `measure_profile`, and
+cached as JSON (by default `$VIASD_CACHE/profiles/<cpu slug>.json`, ~/.cache/viasd-adapters/
+profiles/), with the CPU, torch version and device it was measured with and each model's decoder
+layers. Entries are keyed, so a later measurement (more models, another dtype, slim views) merges
+into the same file instead of replacing it.
 
-What reads it: `LatencyProfile.draft_costs` turns a draft/target pair into the cost ratios of
-Leviathan's formula (`viasd_adapters.decode.schedule`), and `choose_configuration` picks the
-target dtype, draft dtype and draft length with the highest expected tokens per second.
+What reads it:
+
+* `LatencyProfile.draft_costs` turns a draft/target pair into the cost ratios of Leviathan's
+  formula (`viasd_adapters.decode.schedule`), and `choose_configuration` picks the target dtype,
+  draft dtype and draft length with the highest expected tokens per second;
+* `LatencyProfile.cost_model` fits a `CostModel`: what one forward costs as a function of the
+  tokens it feeds `n` and the decoder layers it runs `l`,
+
+      ms(n, l) = a + b * l + (c + d * l) * n          (decode-sized forwards, n <= ~16)
+
+  `a` and `c` are what does not scale with depth (embedding, final norm, LM head, Python and
+  cache bookkeeping per call), `b` and `d` one decoder layer. The target's line is fitted by
+  least squares on its entries whole and as slim views (routing masks), so the slim verifier of
+  any mask is priced by its `l` without a measurement of its own; the drafter (in the variant
+  that runs: "bfloat16+int8-weight" is its own line) gets `ms(n) = a + c * n`. Prefill (the
+  first forward of a generation) is priced on a separate line per model, fitted on the context-0
+  entries. With a linear `ms(n)` a generation's total depends only on the counts benchmark
+  records keep (`CostModel.seconds`; `bench/costmodel.py` prices records with it).
+
+Modelled cost models (`CostModel.synthetic`) describe a device by ratios only (a draft step at
+0.05 of a target step, a verify as cheap as a decode step, as on a GPU): their predictions are
+modelled figures and are labelled as such wherever they are printed.
 """
 
 from __future__ import annotations
@@ -28,7 +49,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+import numpy as np
 import torch
+from scipy.optimize import nnls
 
 from .decode.schedule import DraftCosts, best_draft_length, expected_speedup
 from .hardware import cpu_info, device_label, synchronize
@@ -64,7 +87,7 @@ class LatencyEntry:
     ms: float  # median wall time of one forward
     ms_min: float = 0.0  # fastest of the repeats
     repeats: int = 1  # forwards timed
-    layers: int | None = None  # decoder layers run (None: all of them; set for slim views)
+    layers: float | None = None  # decoder layers a slim view runs (sub-blocks by their share); None: the whole model
 
     @property
     def key(self) -> tuple:
@@ -83,28 +106,38 @@ class LatencyProfile:
     entries: list[LatencyEntry] = field(default_factory=list)
     format: int = FORMAT
     loadavg_1m: list[float] = field(default_factory=list)  # machine load at the start and end of the measurement
+    model_layers: dict[str, int] = field(default_factory=dict)  # decoder layers (L) of each measured model
 
     # -- lookup -----------------------------------------------------------------------------
-    def _matching(self, model: str, dtype: str, threads: int, layers: int | None) -> list[LatencyEntry]:
+    def _of(self, model: str, dtype: str, threads: int) -> list[LatencyEntry]:
+        """Entries of one model in one dtype at `threads`, whole and as slim views; a clear error when none."""
         if torch.device(self.device).type != "cpu":  # an accelerator's speed does not depend on CPU threads
-            return [e for e in self.entries if (e.model, e.dtype, e.layers) == (model, dtype, layers)]
-        return [e for e in self.entries if (e.model, e.dtype, e.threads, e.layers) == (model, dtype, threads, layers)]
-
-    def has(self, model: str, dtype: str, threads: int, layers: int | None = None) -> bool:
-        return bool(self._matching(model, dtype, threads, layers))
-
-    def ms(self, model: str, dtype: str, threads: int, new_tokens: int, context: int = 256, layers: int | None = None) -> float:
-        """Milliseconds of one forward: the measured context nearest to `context`, linear in
-        `new_tokens` between measured counts (extended by the last step beyond them)."""
-        found = self._matching(model, dtype, threads, layers)
+            found = [e for e in self.entries if (e.model, e.dtype) == (model, dtype)]
+        else:
+            found = [e for e in self.entries if (e.model, e.dtype, e.threads) == (model, dtype, threads)]
         if not found:
             have = sorted({(e.model, e.dtype, e.threads) for e in self.entries})
             raise KeyError(
-                f"the latency profile has no entry for {model} in {dtype} at {threads} thread(s)"
-                f" (layers {layers}); it has {have}: run viasd-profile with that model, dtype and threads"
+                f"the latency profile has no entry for {model} in {dtype} at {threads} thread(s);"
+                f" it has {have}: run viasd-profile with that model, dtype and threads"
             )
-        nearest = min({e.context for e in found}, key=lambda c: (abs(c - context), c))
-        points = sorted((e.new_tokens, e.ms) for e in found if e.context == nearest)
+        return found
+
+    def has(self, model: str, dtype: str, threads: int, layers: float | None = None) -> bool:
+        try:
+            return any(e.layers == layers for e in self._of(model, dtype, threads))
+        except KeyError:
+            return False
+
+    def ms(self, model: str, dtype: str, threads: int, new_tokens: int, context: int = 256, layers: float | None = None) -> float:
+        """Milliseconds of one forward: the measured context nearest to `context`, linear in
+        `new_tokens` between measured counts (extended by the last step beyond them)."""
+        found = [e for e in self._of(model, dtype, threads) if e.layers == layers]
+        if not found:
+            raise KeyError(f"the latency profile has no entry for {model} in {dtype} at {threads} thread(s) running"
+                           f" {'all' if layers is None else f'{layers:g}'} layers: measure it with viasd-profile (whole models)"
+                           " or viasd-costmodel mode=profile (slim views)")
+        points = sorted((e.new_tokens, e.ms) for e in _at_context(found, context))
         return _interpolate(points, new_tokens)
 
     def draft_costs(
@@ -123,7 +156,44 @@ class LatencyProfile:
         entries = {e.key: e for e in self.entries}
         entries.update({e.key: e for e in other.entries})
         return LatencyProfile(other.device, other.hardware, other.cpu, other.torch_version, other.created,
-                              list(entries.values()), loadavg_1m=self.loadavg_1m + other.loadavg_1m)
+                              list(entries.values()), loadavg_1m=self.loadavg_1m + other.loadavg_1m,
+                              model_layers={**self.model_layers, **other.model_layers})
+
+    def cost_model(self, target: str, draft: str | None = None, dtype: str = "bfloat16", draft_dtype: str | None = None,
+                   threads: int | None = None, context: int = 256) -> CostModel:
+        """The `CostModel` of `target` in `dtype` and `draft` in `draft_dtype` (default: `dtype`;
+        a quantised variant is its own line), fitted on this profile's entries at `threads`
+        (default: torch's): decode lines on the measured context nearest to `context`, prefill
+        lines on the context-0 entries of the whole models (the decode line where there are
+        fewer than two)."""
+        threads = threads or torch.get_num_threads()
+        if target not in self.model_layers:
+            raise ValueError(f"the latency profile has no layer count for {target} (measured before the cost model"
+                             " used one): run viasd-profile remeasure=true, or viasd-costmodel mode=profile")
+        L = self.model_layers[target]
+        decode, prefill = {}, {}
+        for role, model, variant in (("target", target, dtype), ("draft", draft, draft_dtype or dtype)):
+            if model is None:
+                continue
+            found = self._of(model, variant, threads)
+            depth = (lambda e: float(L if e.layers is None else e.layers)) if role == "target" else (lambda e: 0.0)
+            cached = [e for e in found if e.context > 0]
+            if not cached:
+                raise KeyError(f"the latency profile has only prefill entries for {model} in {variant}: measure"
+                               " decode-sized forwards after a cached context (contexts > 0)")
+            small = _at_context(cached, context)
+            decode[role] = fit_line([(e.new_tokens, depth(e), e.ms) for e in small],
+                                    with_layers=len({depth(e) for e in small}) > 1)
+            whole = [e for e in found if e.context == 0 and e.layers is None]
+            if len(whole) >= 2:
+                prefill[role] = fit_line([(e.new_tokens, 0.0, e.ms) for e in whole], with_layers=False)
+            else:  # no prompt-sized forwards measured: price the prompt on the decode line
+                d, layers = decode[role], (L if role == "target" else 0.0)
+                prefill[role] = Line(a=d.per_call(layers), c=d.per_token(layers))
+        label = f"{self.hardware or self.device}, {threads} torch thread{'s' if threads > 1 else ''}"
+        facts = {"dtype": dtype, "draft_dtype": draft_dtype or dtype, "threads": threads, "torch": self.torch_version,
+                 "created": self.created}
+        return CostModel(label, L, decode, prefill, False, facts)
 
     # -- files ------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -144,6 +214,12 @@ class LatencyProfile:
         tmp.write_text(json.dumps(self.to_dict(), indent=1))
         tmp.replace(path)  # a reader never sees half a file
         return path
+
+
+def _at_context(entries: list[LatencyEntry], context: int) -> list[LatencyEntry]:
+    """The entries measured at the context nearest to `context` (the smaller one on a tie)."""
+    nearest = min({e.context for e in entries}, key=lambda c: (abs(c - context), c))
+    return [e for e in entries if e.context == nearest]
 
 
 def _interpolate(points: list[tuple[int, float]], x: int) -> float:
@@ -167,7 +243,11 @@ def load_profile(path: str | Path | None = None, device: str = "cpu") -> Latency
             f"no latency profile at {path}: measure it once with `viasd-profile` (a few minutes;"
             " it is cached for later runs)"
         )
-    profile = LatencyProfile.from_dict(json.loads(path.read_text()))
+    data = json.loads(path.read_text())
+    if "entries" not in data:  # e.g. the fitted lines an older viasd-costmodel wrote
+        raise ValueError(f"{path} holds no measured entries (an older profile format): measure it again with"
+                         " viasd-profile, or viasd-costmodel mode=profile")
+    profile = LatencyProfile.from_dict(data)
     if profile.format != FORMAT:
         raise ValueError(f"{path} has profile format {profile.format}, this version reads {FORMAT}: run viasd-profile again")
     if profile.torch_version != torch.__version__:
@@ -176,41 +256,163 @@ def load_profile(path: str | Path | None = None, device: str = "cpu") -> Latency
     return profile
 
 
+# -- the cost model ---------------------------------------------------------------------------
+
+ROLES = ("target", "draft", "slim")  # the `DecodeStats.model_calls` keys a cost model prices
+
+
+@dataclass(frozen=True)
+class Line:
+    """ms of one forward as an affine function of tokens fed and layers run (see the module doc)."""
+
+    a: float  # ms per call, depth-independent
+    b: float = 0.0  # ms per call per layer
+    c: float = 0.0  # ms per token, depth-independent
+    d: float = 0.0  # ms per token per layer
+
+    def ms(self, tokens: float, layers: float = 0.0) -> float:
+        return self.a + self.b * layers + (self.c + self.d * layers) * tokens
+
+    def per_call(self, layers: float = 0.0) -> float:
+        return self.a + self.b * layers
+
+    def per_token(self, layers: float = 0.0) -> float:
+        return self.c + self.d * layers
+
+
+def fit_line(points: list[tuple[float, float, float]], with_layers: bool) -> Line:
+    """Least-squares `Line` through (tokens, layers, ms) points: ms against tokens, and layers when asked.
+
+    Non-negative: every term is a cost, and an unconstrained fit to noisy timings (a busy host)
+    can price a forward below zero."""
+    if not points:
+        raise ValueError("no measurements to fit")
+    n, l, y = (np.array(column, dtype=float) for column in zip(*points))
+    X = np.stack([np.ones_like(n), l, n, n * l] if with_layers else [np.ones_like(n), n], axis=1)
+    coef, _ = nnls(X, y)
+    if with_layers:
+        return Line(*map(float, coef))
+    return Line(a=float(coef[0]), c=float(coef[1]))
+
+
+@dataclass
+class CostModel:
+    """What a pair's forwards cost on one device: fitted lines (`LatencyProfile.cost_model`) or modelled ratios."""
+
+    device: str  # e.g. "Intel(R) Xeon(R) ... (AMX-BF16, ...; 2 cores), 2 torch threads" or "modelled: ..."
+    num_layers: int  # L of the target
+    decode: dict[str, Line]  # "target" (over layers) and "draft": forwards of a few tokens
+    prefill: dict[str, Line]  # the first forward of a generation (the prompt), per model
+    modelled: bool = False  # True: ratios assumed, not measured (never mix with measured figures)
+    facts: dict = field(default_factory=dict)  # dtypes, threads, torch version, date
+
+    def _priced_as(self, role: str, slim: float | str | None, full: float | None = None) -> tuple[str, float]:
+        """(line, layers) that price a forward of `role`: the slim verifier is the target running
+        `slim` layers, or, for an independent middle model (slim="draft"), the draft; the target
+        runs `full` layers (an escalation over a shared prefix) or all of them."""
+        if role not in ROLES:
+            raise ValueError(f"model_calls key {role!r} is not one the cost model prices ({ROLES})")
+        if role == "slim":
+            if slim is None:
+                raise ValueError("pricing a slim forward needs the layers it runs (or 'draft' for a separate model)")
+            return ("draft", 0.0) if slim == "draft" else ("target", float(slim))
+        if role == "target":
+            return role, float(self.num_layers if full is None else full)
+        return role, 0.0
+
+    def forward_ms(self, role: str, tokens: int, slim: float | str | None = None, first: bool = False,
+                   full: float | None = None) -> float:
+        """ms of one forward of `tokens` new tokens (`first`: the generation's prefill)."""
+        line, layers = self._priced_as(role, slim, full)
+        if line not in self.decode:
+            raise ValueError(f"the cost model has no {line!r} line (it prices {sorted(self.decode)})")
+        if first:  # a slim prefill runs its share of the target's layers
+            scale = layers / self.num_layers if line == "target" else 1.0
+            return scale * self.prefill[line].ms(tokens)
+        return self.decode[line].ms(tokens, layers)
+
+    def seconds(self, model_calls: dict[str, dict], prompt_tokens: int, slim: float | str | None = None,
+                full: float | None = None) -> float:
+        """Predicted wall seconds of a generation from its `model_calls` ({role: {calls, tokens}}):
+        `(calls - 1) * ms(0, l) + (tokens - prompt) * slope(l) + prefill(prompt, l)` per role.
+        `slim`: layers the slim verifier runs; `full`: layers a target forward runs (escalations
+        over a shared prefix run L - p; None: all L)."""
+        total_ms = 0.0
+        for role, c in model_calls.items():
+            calls, tokens = int(c["calls"]), int(c["tokens"])
+            if calls == 0:
+                continue
+            first = min(prompt_tokens, tokens)
+            line, layers = self._priced_as(role, slim, full)
+            decode = self.decode[line]
+            total_ms += self.forward_ms(role, first, slim, first=True, full=full)
+            total_ms += (calls - 1) * decode.per_call(layers) + (tokens - first) * decode.per_token(layers)
+        return total_ms / 1e3
+
+    @classmethod
+    def synthetic(cls, num_layers: int, draft_ratio: float, per_layer_share: float = 0.9,
+                  verify_token_ratio: float = 0.0, name: str | None = None) -> CostModel:
+        """A modelled device, in units of one target decode step (1.0).
+
+        Args:
+            draft_ratio: one draft step relative to one target step (0.05-0.1 on a GPU).
+            per_layer_share: share of a target step that scales with its decoder layers (the rest:
+                embedding, LM head, launch overhead), which decides what a slim forward costs.
+            verify_token_ratio: extra cost of each further token fed, relative to a step (about 0 on
+                a GPU for a few tokens: a verify of K tokens costs one step).
+        """
+        if draft_ratio <= 0 or not 0 <= per_layer_share <= 1:
+            raise ValueError(f"need draft_ratio > 0 and 0 <= per_layer_share <= 1, got {draft_ratio}, {per_layer_share}")
+        b = per_layer_share / num_layers
+        a = 1.0 - per_layer_share
+        target = Line(a=a, b=b, c=verify_token_ratio * a, d=verify_token_ratio * b)
+        draft = Line(a=draft_ratio, c=verify_token_ratio * draft_ratio)
+        label = name or (f"modelled: draft {draft_ratio:g} of a target step, verify of K tokens "
+                         f"{'= one step' if verify_token_ratio == 0 else f'+{verify_token_ratio:g} per token'}")
+        # Units of "ms" are target steps here; prefill priced as a step (GPU prefill of a short prompt).
+        return cls(label, num_layers, {"target": target, "draft": draft},
+                   {"target": Line(a=1.0), "draft": Line(a=draft_ratio)}, True,
+                   {"draft_ratio": draft_ratio, "per_layer_share": per_layer_share,
+                    "verify_token_ratio": verify_token_ratio})
+
+
 # -- measuring -----------------------------------------------------------------------------
 
 @torch.no_grad()
-def time_forwards(model: torch.nn.Module, context: int, new_tokens: Iterable[int], repeats: int, seed: int = 0) -> dict[int, list[float]]:
+def time_forwards(models: dict, context: int, new_tokens: Iterable[int], repeats: int,
+                  seed: int = 0) -> dict[object, dict[int, list[float]]]:
     """Milliseconds of each of `repeats` forwards per count in `new_tokens`, after `context`
-    cached tokens (random ids: the cost of a dense forward does not depend on the text).
+    cached tokens, for each of `models` ({key: causal LM}, slim views too), as {key: {count: ms}}.
 
-    Works for any module with a causal-LM forward (a slim view of a target too). The cache is
-    cropped back to `context` before each forward, as a rejected draft block is; every forward
-    keeps the logits of all the tokens it is fed, as a verify does.
+    The models take turns: each repetition runs every model once per count, in an order rotated
+    between repetitions, so a machine's drift hits all alike. Ids are random (the cost of a dense
+    forward does not depend on the text). The cache is cropped back to `context` before each
+    forward, as a rejected draft block is (context 0: a prefill from an empty cache); every
+    forward keeps the logits of all the tokens it is fed, as a verify does.
     """
-    from transformers import DynamicCache
+    from .runner import CausalLMRunner
 
-    counts = list(new_tokens)
-    device = next(model.parameters()).device
-    vocab = int(model.config.vocab_size)
+    counts, keys = list(new_tokens), list(models)
+    runners = {key: CausalLMRunner(model, str(key)) for key, model in models.items()}
+    device = runners[keys[0]].device
+    vocab = int(runners[keys[0]].model.config.vocab_size)
     gen = torch.Generator().manual_seed(seed)
-    prefix = torch.randint(vocab, (1, context), generator=gen).to(device)
-    times: dict[int, list[float]] = {n: [] for n in counts}
-    cache = DynamicCache()
+    prefix = torch.randint(vocab, (1, context), generator=gen).to(device)  # [1, C]
     if context:
-        model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    for r in range(repeats + 1):  # repeat 0 warms the kernels up for every shape
+        for runner in runners.values():
+            runner.logits(prefix, 1)
+    times: dict[object, dict[int, list[float]]] = {key: {n: [] for n in counts} for key in keys}
+    for r in range(repeats + 1):  # repetition 0 warms the kernels up for every shape
+        shift = r % len(keys)
         for n in counts:
-            ids = torch.randint(vocab, (1, n), generator=gen).to(device)
-            if context:
-                cache.crop(context)
-            else:
-                cache = DynamicCache()
-            synchronize(device)
-            begin = time.perf_counter()
-            model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=n)
-            synchronize(device)
-            if r:
-                times[n].append(1000.0 * (time.perf_counter() - begin))
+            sequence = torch.cat([prefix, torch.randint(vocab, (1, n), generator=gen).to(device)], dim=1)  # [1, C + n]
+            for key in keys[shift:] + keys[:shift]:
+                synchronize(device)
+                begin = time.perf_counter()
+                runners[key].logits(sequence, n)  # crops the cache to the context, feeds n tokens
+                synchronize(device)
+                if r:
+                    times[key][n].append(1000.0 * (time.perf_counter() - begin))
     return times
 
 
@@ -235,6 +437,7 @@ class ProfileGrid:
     threads: list[int] = field(default_factory=lambda: [1, 2])  # clipped to the cores there are
     new_tokens: list[int] = field(default_factory=lambda: [1, 2, 4, 6, 8, 12])
     contexts: list[int] = field(default_factory=lambda: [128, 512])
+    prefill: list[int] = field(default_factory=list)  # prompt lengths also timed from an empty cache (context 0)
     repeats: int = 3  # timed forwards per point (one more warms up)
 
     def __post_init__(self) -> None:
@@ -253,13 +456,14 @@ class ProfileGrid:
         for name in ("dtypes", "threads", "new_tokens", "contexts"):
             if not getattr(self, name):
                 raise ValueError(f"{name} must not be empty")
-        if min(self.new_tokens) < 1 or min(self.threads) < 1 or min(self.contexts) < 0 or self.repeats < 1:
-            raise ValueError("new_tokens and threads must be >= 1, contexts >= 0, repeats >= 1")
+        if min(self.new_tokens + self.prefill) < 1 or min(self.threads) < 1 or min(self.contexts) < 0 or self.repeats < 1:
+            raise ValueError("new_tokens, prefill and threads must be >= 1, contexts >= 0, repeats >= 1")
         self.models, self.dtypes = list(dict.fromkeys(self.models)), list(dict.fromkeys(self.dtypes))
         self.variants, self.variant_models = list(dict.fromkeys(self.variants)), list(dict.fromkeys(self.variant_models))
         self.threads = sorted({int(t) for t in self.threads})
         self.new_tokens = sorted({int(n) for n in self.new_tokens})
         self.contexts = sorted({int(c) for c in self.contexts})
+        self.prefill = sorted({int(n) for n in self.prefill})
 
     def combinations(self) -> list[tuple[str, str]]:
         """(model, dtype or variant) pairs, each loaded once."""
@@ -285,37 +489,49 @@ def measure_profile(
     device: str = "cpu",
     load: Callable[[str, str, str], torch.nn.Module] | None = None,
     progress: bool = True,
+    masks: dict[str, list] | None = None,
 ) -> LatencyProfile:
     """Measure every point of `grid`; `load(name, dtype, device)` returns a model (default: the
     project's model zoo). Each model is loaded once per dtype (a variant: its load dtype, then
-    quantised as a drafter quantises it) and freed before the next."""
+    quantised as a drafter quantises it) and freed before the next.
+
+    `masks`: model name -> `RoutingMask`s whose slim views of it are timed beside it (plain
+    dtypes, decode-sized forwards), taking turns with the whole model: the cost model's layer
+    dimension."""
     from tqdm.auto import tqdm
 
     from .models.quantize import quantized_copy
 
     load = load or _load_from_zoo
+    masks = masks or {}
     saved = torch.get_num_threads()
     load_start = os.getloadavg()[0]
     threads = usable_threads(grid.threads, device)
     if threads != grid.threads:
         logger.warning("profiling threads %s of %s: this machine has %d cores", threads, grid.threads, cpu_info().logical_cores)
-    entries = []
-    bar = tqdm(total=len(grid.combinations()) * len(threads) * len(grid.contexts),
+    entries, layers = [], {}
+    # (context, counts, whether slim views are timed too): prefill is priced on the whole model only
+    shapes = [(c, grid.new_tokens, True) for c in grid.contexts] + ([(0, grid.prefill, False)] if grid.prefill else [])
+    bar = tqdm(total=len(grid.combinations()) * len(threads) * len(shapes),
                desc="latency profile", unit="point", disable=not progress)
     try:
         for name, dtype in grid.combinations():
             load_dtype, quantization = split_variant(dtype)
             model = load(name, load_dtype, device)
+            _check_window(model, name, grid)
+            layers[name] = int(model.config.num_hidden_layers)
             if quantization:
                 model = quantized_copy(model, quantization)
+            views = {None: model} if quantization else {None: model, **_slim_views(model, masks.get(name, ()))}
             for t in threads:
                 torch.set_num_threads(t)
-                for context in grid.contexts:
+                for context, counts, slim in shapes:
                     bar.set_postfix_str(f"{name} {dtype} {t}t ctx {context}")
-                    for n, ms in time_forwards(model, context, grid.new_tokens, grid.repeats).items():
-                        entries.append(LatencyEntry(name, dtype, t, context, n, statistics.median(ms), min(ms), len(ms)))
+                    for key, row in time_forwards(views if slim else {None: model}, context, counts, grid.repeats).items():
+                        entries += [LatencyEntry(name, dtype, t, context, n, statistics.median(ms), min(ms), len(ms), key)
+                                    for n, ms in row.items()]
                     bar.update()
-            del model
+            del model, views
     finally:
         torch.set_num_threads(saved)
         bar.close()
@@ -328,7 +544,46 @@ def measure_profile(
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         entries=entries,
         loadavg_1m=[load_start, os.getloadavg()[0]],
+        model_layers=layers,
     )
+
+
+def _check_window(model: torch.nn.Module, name: str, grid: ProfileGrid) -> None:
+    window = int(model.config.max_position_embeddings)
+    longest = max(max(grid.contexts) + max(grid.new_tokens), max(grid.prefill, default=0))
+    if longest > window:
+        raise ValueError(f"the grid's longest forward ({longest} tokens: contexts + new_tokens, or prefill) does not"
+                         f" fit {name}'s window of {window} tokens")
+
+
+def _slim_views(model: torch.nn.Module, masks) -> dict[float, torch.nn.Module]:
+    """{layers run: slim view} of `model` per mask (masks of equal depth price alike: one is timed)."""
+    from .routing import SlimModel
+    from .search.space import attention_share
+
+    if not masks:
+        return {}
+    L, share = int(model.config.num_hidden_layers), attention_share(model)
+    return {float(L - mask.skipped_cost(share)): SlimModel(model, mask) for mask in masks}
+
+
+def measure_pair(pair, masks: list, contexts: list[int], new_tokens: list[int], prefill: list[int], repeats: int,
+                 quantizations: list[str] = (), progress: bool = False) -> LatencyProfile:
+    """The profile a cost model needs of a loaded pair (`pipeline.ModelPair`), at this process's
+    torch threads: the target whole and as the slim view of each mask, the draft in its dtype and
+    in each of `quantizations` (the variants its drafter may run, e.g. "int8-weight")."""
+    loaded = {m.spec.name: m for m in (pair.target, pair.draft) if m is not None}
+    profile = None
+    for name, m in loaded.items():
+        is_draft = pair.draft is not None and name == pair.draft.spec.name
+        variants = [f"{m.spec.dtype}+{q}" for q in quantizations] if is_draft else []
+        grid = ProfileGrid(models=[name], dtypes=[m.spec.dtype], variants=variants,
+                           variant_models=[name] if variants else [], threads=[torch.get_num_threads()],
+                           new_tokens=new_tokens, contexts=contexts, prefill=prefill, repeats=repeats)
+        fresh = measure_profile(grid, m.spec.device, lambda *_, model=m.model: model, progress,
+                                {name: masks} if name == pair.target.spec.name else None)
+        profile = fresh if profile is None else profile.merge(fresh)
+    return profile
 
 
 def _load_from_zoo(name: str, dtype: str, device: str) -> torch.nn.Module:
@@ -353,7 +608,8 @@ def missing_points(profile: LatencyProfile | None, grid: ProfileGrid, device: st
         dtypes=sorted({d for _, d in plain}, key=grid.dtypes.index) or grid.dtypes,
         variants=sorted({d for _, d in variants}, key=grid.variants.index),
         variant_models=sorted({m for m, _ in variants}, key=grid.variant_models.index),
-        threads=grid.threads, new_tokens=grid.new_tokens, contexts=grid.contexts, repeats=grid.repeats,
+        threads=grid.threads, new_tokens=grid.new_tokens, contexts=grid.contexts, prefill=grid.prefill,
+        repeats=grid.repeats,
     )
 
 

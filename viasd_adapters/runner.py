@@ -16,6 +16,7 @@ class CallStats:
     calls: int = 0  # forward passes
     tokens: int = 0  # tokens fed through those passes
     seconds: float = 0.0  # wall time inside them
+    variant: str | None = None  # what ran, as a latency profile names it ("bfloat16+int8-weight"); None: the run's dtype
 
     def add(self, tokens: int, seconds: float) -> None:
         self.calls += 1
@@ -39,13 +40,15 @@ class CausalLMRunner:
     the caller: rollback and catch-up are the same operation.
     """
 
-    def __init__(self, model: PreTrainedModel, name: str = "model", head: torch.nn.Module | None = None):
+    def __init__(self, model: PreTrainedModel, name: str = "model", head: torch.nn.Module | None = None,
+                 variant: str | None = None):
         """`head`: scores the model's final hidden states in its place ([..., d] -> [..., N]
-        logits, e.g. a `ReducedHead` over N kept ids); None: the model's own LM head (N = V)."""
+        logits, e.g. a `ReducedHead` over N kept ids); None: the model's own LM head (N = V).
+        `variant`: what its stats say ran where it is not the run's dtype (a drafter's quantised copy)."""
         self.model = model
         self.name = name
         self.head = head
-        self.stats = CallStats()
+        self.variant = variant
         self.reset()
 
     @property
@@ -68,7 +71,7 @@ class CausalLMRunner:
         """Forget the sequence and the statistics (start of a generation)."""
         self.cache = DynamicCache()
         self.cached_ids = torch.empty(0, dtype=torch.long, device=self.device)
-        self.stats = CallStats()
+        self.stats = CallStats(variant=self.variant)
 
     def crop(self, length: int) -> None:
         """Keep the first `length` cached positions."""

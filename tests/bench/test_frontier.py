@@ -116,6 +116,11 @@ def test_summaries_pool_counts_over_records():
     assert s.speedup_vs_ar == pytest.approx(1.0) and s.agreement == pytest.approx(0.95) and s.exact == 0.5
     assert s.quality == {"bleu": 25.0} and s.slim_cost == 0.7
     assert s.tier_shares == pytest.approx({"accept": 26 / 30, "full": 2 / 30, "slim": 2 / 30})
+    assert s.settled_share is None  # the records do not count settled rounds
+    for r, settled in zip(records, (2, 3)):
+        r["settled_blocks"] = settled
+    (s,) = summarize(records, [_point("v", mask="m")], {"m": 0.7})
+    assert s.settled_share == pytest.approx(5 / 10)  # pooled over the 4 + 6 rounds
 
 
 def _summary(name, kind, family, speed, rejection, agreement, quality):

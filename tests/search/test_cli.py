@@ -207,9 +207,14 @@ def test_calibration_texts_are_cached_per_prompt(tmp_path, prompts_file):
 
 
 def test_cost_aware_search_prices_masks_with_a_profile(tmp_path, prompts_file):
-    from viasd_adapters.bench.costmodel import LatencyProfile
+    import torch
 
-    profile = LatencyProfile.synthetic(4, draft_ratio=0.1).save(tmp_path / "profile.json")
+    from viasd_adapters.profile import LatencyEntry, LatencyProfile
+
+    # The tiny target whole (layers None) and as slim views: 0.1 ms per call and 0.225 per layer run
+    entries = [LatencyEntry("tiny-random", "float32", torch.get_num_threads(), 128, n, 0.1 + 0.225 * l,
+                            layers=None if l == 4 else float(l)) for l in (4, 3, 2) for n in (1, 6)]
+    profile = LatencyProfile(entries=entries, model_layers={"tiny-random": 4}).save(tmp_path / "profile.json")
     base = tiny_overrides(tmp_path, prompts_file) + [
         "search=layers", "search.budget.amount=1", "search.config.num_random=2", "search.config.num_tpe=2",
         "search.baselines.sensitivity=false", "search.config.cost=expected", f"out_dir={tmp_path}/out-expected",
@@ -230,7 +235,7 @@ def test_cost_aware_search_prices_masks_with_a_profile(tmp_path, prompts_file):
         assert t.loss == pytest.approx(t.metrics.expected) and 0.0 <= t.metrics.settled <= 1.0
         assert t.metrics.block_cost > 0
     facts = out.mask.provenance["expected_cost"]
-    assert facts["block"] == 5 and facts["profile"].startswith("modelled")
+    assert facts["block"] == 5 and facts["profile"].endswith("torch threads" if torch.get_num_threads() > 1 else "thread")
     report = out.report_path.read_text()
     best = out.result.best.metrics
     assert "Expected verify cost per block" in report

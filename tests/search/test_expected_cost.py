@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny
-from viasd_adapters.bench.costmodel import LatencyProfile
+from viasd_adapters.profile import CostModel
 from viasd_adapters.routing import RoutingMask
 from viasd_adapters.search import CalibrationSet, CalibrationText, EvaluationStore, ExpectedCost, MaskObjective, Reference
 from viasd_adapters.search.objective import MaskMetrics, block_outcomes
@@ -39,7 +39,7 @@ def test_block_outcomes_by_hand():
 
 def _profile(num_layers=6):
     # target: 1 ms per call fixed, 1 ms per layer; tokens cost nothing
-    return LatencyProfile.synthetic(num_layers, draft_ratio=0.1, per_layer_share=6 / 7)
+    return CostModel.synthetic(num_layers, draft_ratio=0.1, per_layer_share=6 / 7)
 
 
 def test_ratios_price_slim_and_shared_prefix_escalation_by_layers():

@@ -200,6 +200,7 @@ class PointSummary:
     quality: dict[str, float] = field(default_factory=dict)  # metric -> mean over its scorable records
     quality_n: dict[str, int] = field(default_factory=dict)  # metric -> records scored
     tier_shares: dict[str, float] = field(default_factory=dict)  # pooled share of draft tokens per tier
+    settled_share: float | None = None  # pooled: rounds the slim tier settled / rounds (None: records without the count)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -241,6 +242,8 @@ def summarize(records: list[dict], points: list[Point], slim_costs: dict[str, fl
             tokens_per_round=tokens / steps if steps else 0.0,
             full_per_token=calls(full) / tokens if tokens else 0.0,
             slim_per_token=calls(slim) / tokens if tokens else 0.0,
+            settled_share=(sum(r["settled_blocks"] for r in rs) / steps
+                           if steps and all("settled_blocks" in r for r in rs) else None),
             slim_cost=(slim_costs or {}).get(point.mask) if point.mask else None,
             speedup_vs_ar=_median([r.get("speedup_vs_baseline") for r in rs]),
             speedup_vs_host=_median([r.get("speedup_vs_host") for r in rs]),
@@ -317,12 +320,13 @@ def points_table(summaries: list[PointSummary], baseline: str = "ar", min_agreem
     ref = next(s for s in summaries if s.name == baseline)
     metrics = sorted({m for s in summaries for m in s.quality})
     head = ["point", "family", "rejection rate", "tokens/round", "full fwd/token", "slim fwd/token",
-            "slim cost (x full)", "speedup vs ar", "speedup vs host", "agreement", "exact"]
+            "settled share", "slim cost (x full)", "speedup vs ar", "speedup vs host", "agreement", "exact"]
     head += [f"{m} (n)" for m in metrics] + ["matched"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summaries:
         row = [s.name, s.family, _f(s.rejection_rate, "{:.3f}"), _f(s.tokens_per_round), _f(s.full_per_token, "{:.3f}"),
-               _f(s.slim_per_token, "{:.3f}"), _f(s.slim_cost), _f(s.speedup_vs_ar), _f(s.speedup_vs_host),
+               _f(s.slim_per_token, "{:.3f}"), _f(s.settled_share, "{:.3f}"), _f(s.slim_cost), _f(s.speedup_vs_ar),
+               _f(s.speedup_vs_host),
                _f(s.agreement, "{:.3f}"), _f(s.exact)]
         for m in metrics:
             value = s.quality.get(m)

@@ -241,6 +241,7 @@ class Harness:
             "acceptance_rate": stats.acceptance_rate if stats.drafted else None,
             "rejection_rate": stats.rejection_rate if stats.drafted else None,
             "tier_counts": dict(stats.tier_counts),
+            "settled_blocks": stats.settled,  # rounds the slim tier settled without the full model
             "tier_shares": {t: c / decided for t, c in stats.tier_counts.items()} if decided else {},
             "model_calls": {name: dataclasses.asdict(c) for name, c in stats.model_calls.items()},
             "calls_per_token": {name: c / n if n else None for name, c in calls.items()},

@@ -5,10 +5,12 @@
         out_dir=outputs/profile/cpu
 
 `profile` times the pair's target (whole and under each routing mask: the layer dimension) and
-draft, decode-sized and prompt-sized forwards, and writes profile.json and profile.md. `predict`
-prices every record's forward counts with a profile (bench/costmodel.py), writes the predicted
-against measured table, and the speedups the same counts give on modelled GPU-like devices,
-labelled as modelled.
+draft (also as each quantised variant its drafter may run), decode-sized and prompt-sized
+forwards, and writes profile.json (a latency profile, viasd_adapters/profile.py) and profile.md
+(its entries and the cost model fitted to them). `predict` prices every record's forward counts
+with the cost model of the variants it ran (bench/costmodel.py), writes the predicted against
+measured table, and the speedups the same counts give on modelled GPU-like devices, labelled as
+modelled.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from ..bench import costmodel
+from ..profile import CostModel, LatencyProfile, load_profile, measure_pair
 from . import entry_point, set_threads
 
 logger = logging.getLogger(__name__)
@@ -44,13 +47,17 @@ def _read_run(path: Path) -> tuple[list[dict], dict[str, float | str], dict[str,
     return records, slim, full
 
 
-def profile_markdown(profile: costmodel.LatencyProfile) -> str:
-    lines = [f"# Latency profile: {profile.device}", "", f"{profile.facts}", "",
-             "| model | layers run | tokens fed | context | ms (median) |", "|---|---|---|---|---|"]
-    lines += [f"| {m.role} | {m.layers:g} | {m.tokens} | {m.context} | {m.ms:.1f} |" for m in profile.measurements]
-    lines += ["", "Fitted: ms(n, l) = a + b l + (c + d l) n", "", "| line | a | b | c | d |", "|---|---|---|---|---|"]
-    for kind, table in (("decode", profile.decode), ("prefill", profile.prefill)):
-        lines += [f"| {kind} {k} | {v.a:.2f} | {v.b:.3f} | {v.c:.3f} | {v.d:.4f} |" for k, v in table.items()]
+def profile_markdown(profile: LatencyProfile, fitted: dict[str, CostModel]) -> str:
+    """The entries, then each drafter variant's fitted lines ({draft variant: cost model})."""
+    lines = [f"# Latency profile: {profile.hardware}", "", f"torch {profile.torch_version}, {profile.created}", "",
+             "| model | dtype | threads | layers run | tokens fed | context | ms (median) |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {e.model} | {e.dtype} | {e.threads} | {'all' if e.layers is None else f'{e.layers:g}'} | {e.new_tokens}"
+              f" | {e.context} | {e.ms:.1f} |" for e in profile.entries]
+    lines += ["", "Fitted: ms(n, l) = a + b l + (c + d l) n", "", "| draft variant | line | a | b | c | d |",
+              "|---|---|---|---|---|---|"]
+    for variant, model in fitted.items():
+        for kind, table in (("decode", model.decode), ("prefill", model.prefill)):
+            lines += [f"| {variant} | {kind} {k} | {v.a:.2f} | {v.b:.3f} | {v.c:.3f} | {v.d:.4f} |" for k, v in table.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -63,20 +70,27 @@ def run(cfg: DictConfig) -> Path:
         masks = [instantiate(node, _convert_="all") for node in load_routing(list(cfg.masks)).values()]
         set_threads(cfg.threads)
         pair = load_pair(cfg.model_pair, with_draft=True)
-        profile = costmodel.measure_profile(pair.target.model, pair.draft.model, masks, cfg.context,
-                                            tuple(cfg.tokens), tuple(cfg.prefill), cfg.repetitions)
+        profile = measure_pair(pair, masks, [cfg.context], list(cfg.tokens), list(cfg.prefill), cfg.repetitions,
+                               list(cfg.quantizations))
         profile.save(out_dir / "profile.json")
-        (out_dir / "profile.md").write_text(profile_markdown(profile))
+        draft_dtype = pair.draft.spec.dtype
+        fitted = {v: profile.cost_model(pair.target.spec.name, pair.draft.spec.name, pair.target.spec.dtype, v,
+                                        context=cfg.context)
+                  for v in [draft_dtype] + [f"{draft_dtype}+{q}" for q in cfg.quantizations]}
+        (out_dir / "profile.md").write_text(profile_markdown(profile, fitted))
         return out_dir / "profile.md"
     if cfg.mode == "predict":
         if not cfg.records or not cfg.profile:
             raise ValueError("mode=predict needs records=RUN_DIR and profile=PATH/profile.json")
-        profile = costmodel.LatencyProfile.load(cfg.profile)  # checked before reading any records
+        profile = load_profile(cfg.profile)  # checked before reading any records
         records, slim, full = _read_run(Path(cfg.records))
-        predictions = costmodel.predict_records(records, profile, slim, cfg.baseline, full)
-        modelled = [costmodel.LatencyProfile.synthetic(profile.num_layers, float(r)) for r in cfg.draft_ratios]
+        target = cfg.model_pair.target.name
+        costs = costmodel.record_costs(profile, target, cfg.model_pair.draft.name, cfg.context)
+        predictions = costmodel.predict_records(records, costs, slim, cfg.baseline, full)
+        L = costs(records[0]).num_layers  # the target's depth (every record's cost model has it)
+        modelled = [CostModel.synthetic(L, float(r)) for r in cfg.draft_ratios]
         table = costmodel.modelled_speedups(records, modelled, slim, cfg.baseline, full)
-        text = [costmodel.validation_table(predictions, profile.device), "",
+        text = [costmodel.validation_table(predictions, profile.hardware), "",
                 "## MODELLED, not measured", "", "| method | " + " | ".join(table) + " |", "|---|" + "---|" * len(table)]
         for name in dict.fromkeys(r["method"] for r in records):
             text.append(f"| {name} | " + " | ".join(f"{table[d].get(name) or 0:.2f}" for d in table) + " |")

@@ -39,7 +39,9 @@ from ..bench.frontier import (
 )
 from ..bench.harness import BenchSettings, Harness, Method
 from ..bench.tasks import Prompt, Task
+from ..hardware import cpu_info
 from ..pipeline import build_decoder, encode_prompt, load_pair
+from ..profile import CostModel, load_profile, measure_pair
 from ..search.space import attention_share
 from ..configs import load_routing
 from . import entry_point, set_threads
@@ -59,7 +61,7 @@ def read_records(out_dir: Path) -> list[dict]:
 
 
 def _subtitle(cfg: DictConfig, records: list[dict]) -> str:
-    cpu = costmodel.cpu_name()
+    cpu = cpu_info().model
     threads = records[0].get("threads") if records else cfg.threads
     return (f"{cfg.model_pair.name}, {cfg.runtime.dtype}, greedy; {cpu}, {threads} torch threads for every"
             f" method; {len({(r['task'], r['prompt_id']) for r in records})} prompts, measured")
@@ -104,7 +106,9 @@ def write_report(cfg: DictConfig, out_dir: Path, points) -> str:
         text.append("")
     profile_path = out_dir / "profile.json"
     if profile_path.is_file():
-        text += costmodel_section(records, points, costmodel.LatencyProfile.load(profile_path), baseline)
+        costs = costmodel.record_costs(load_profile(profile_path), cfg.model_pair.target.name, cfg.model_pair.draft.name,
+                                       cfg.profile.context)
+        text += costmodel_section(records, points, costs, baseline)
     markdown = "\n".join(text)
     (out_dir / "frontier.md").write_text(markdown)
     (out_dir / "frontier.json").write_text(json.dumps({
@@ -117,15 +121,17 @@ def write_report(cfg: DictConfig, out_dir: Path, points) -> str:
     return markdown
 
 
-def costmodel_section(records, points, profile: costmodel.LatencyProfile, baseline: str) -> list[str]:
+def costmodel_section(records, points, costs, baseline: str) -> list[str]:
+    """`costs`: record -> its cost model (`costmodel.record_costs`)."""
     slim = {p.name: p.slim_layers for p in points if p.slim_layers is not None}
     # A gated block goes to the whole target without a slim pass, and records do not separate those
     # forwards from escalations: a gated point's target forwards are priced whole (an upper bound).
     full = {p.name: p.full_layers for p in points if p.full_layers is not None and not p.verifier.get("gate")}
-    predictions = costmodel.predict_records(records, profile, slim, baseline, full)
+    predictions = costmodel.predict_records(records, costs, slim, baseline, full)
+    measured = costs(records[0])
     text = ["## Cost model: predicted against measured (this CPU)", "",
-            costmodel.validation_table(predictions, profile.device), ""]
-    modelled = [costmodel.LatencyProfile.synthetic(profile.num_layers, ratio) for ratio in (0.05, 0.1)]
+            costmodel.validation_table(predictions, measured.device), ""]
+    modelled = [CostModel.synthetic(measured.num_layers, ratio) for ratio in (0.05, 0.1)]
     table = costmodel.modelled_speedups(records, modelled, slim, baseline, full)
     names = list(dict.fromkeys(r["method"] for r in records))
     text += ["## MODELLED, not measured: the same call counts on GPU-like cost ratios", "",
@@ -157,9 +163,8 @@ def measure_costs(cfg: DictConfig, out_dir: Path, pair, routing: dict[str, DictC
     profile_path = out_dir / "profile.json"
     if not profile_path.is_file():
         shape = cfg.profile
-        profile = costmodel.measure_profile(pair.target.model, pair.draft.model if pair.draft else None,
-                                            list(masks.values()), shape.context, tuple(shape.tokens),
-                                            tuple(shape.prefill), shape.repetitions)
+        profile = measure_pair(pair, list(masks.values()), [shape.context], list(shape.tokens), list(shape.prefill),
+                               shape.repetitions, list(shape.quantizations))
         profile.save(profile_path)
 
 
@@ -172,7 +177,8 @@ def calibrate_gates(cfg: DictConfig, out_dir: Path, pair, points) -> list:
 
     path = out_dir / "gates.json"
     gates = json.loads(path.read_text()) if path.is_file() else {}
-    profile = costmodel.LatencyProfile.load(out_dir / "profile.json")
+    target = pair.target.spec
+    profile = load_profile(out_dir / "profile.json").cost_model(target.name, dtype=target.dtype, context=cfg.profile.context)
     share = attention_share(pair.target.model)
     prompts = [encode_prompt(pair.target, text, cfg.chat_template)
                for source in cfg.gate.prompts.sources
@@ -229,8 +235,8 @@ def run(cfg: DictConfig) -> str:
         [{"name": p.name, "family": p.family, "kind": p.kind, "param": p.param, "mask": p.mask,
           "slim_layers": p.slim_layers, "full_layers": p.full_layers} for p in points], indent=1))
     methods = [Method(p.name, build_decoder(p.framework, p.verifier, pair)) for p in points]
-    context = {"model_pair": cfg.model_pair.name, "dtype": cfg.runtime.dtype, "device": cfg.runtime.device,
-               "cpu": costmodel.cpu_name()}
+    context = {"model_pair": cfg.model_pair.name, "dtype": cfg.runtime.dtype, "draft_dtype": cfg.runtime.draft_dtype,
+               "device": cfg.runtime.device, "cpu": cpu_info().model}
     budget = int(cfg.chunk_prompts) if cfg.chunk_prompts else None  # prompts this invocation may decode
     ran = {}
     for key, ids in pending.items():
@@ -252,7 +258,7 @@ def run(cfg: DictConfig) -> str:
         ran[key] = ids
         budget = None if budget is None else budget - len(ids)
         logger.info("task %s: prompts %s, %.0f s", key, ids, time.perf_counter() - begin)
-    meta = {"cpu": costmodel.cpu_name(), "platform": platform.platform(), "torch_threads": torch.get_num_threads(),
+    meta = {"cpu": cpu_info().model, "platform": platform.platform(), "torch_threads": torch.get_num_threads(),
             "points": len(points), "tasks": list(tasks), "ran": ran}
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
     return write_report(cfg, out_dir, points)

@@ -29,7 +29,7 @@ from ..models import load_model
 from ..configs import ROUTING_FORMS, named_config, result_option
 from . import check_prompt_sources, entry_point, set_threads
 from ..routing import RoutingMask
-from ..bench.costmodel import LatencyProfile
+from ..profile import load_profile
 from ..search import (
     Baselines,
     ExpectedCost,
@@ -69,9 +69,11 @@ def run(cfg: DictConfig) -> SearchOutput:
     search_cfg = SearchConfig(**OmegaConf.to_container(cfg.search.config, resolve=True))
     expected_cfg = cfg.search.get("expected")
     if search_cfg.cost == "expected" and not (expected_cfg and expected_cfg.get("profile")):
-        raise ValueError("search.config.cost=expected needs search.expected.profile=PATH (a profile.json of"
-                         " this device: viasd-costmodel mode=profile)")
-    profile = LatencyProfile.load(expected_cfg.profile) if search_cfg.cost == "expected" else None
+        raise ValueError("search.config.cost=expected needs search.expected.profile=PATH (a latency profile of"
+                         " this device with the target and slim views: viasd-costmodel mode=profile)")
+    target = cfg.model_pair.target
+    profile = (load_profile(expected_cfg.profile).cost_model(target.name, dtype=target.dtype)
+               if search_cfg.cost == "expected" else None)
     known = _known_seeds(list(cfg.search.seeds))  # a missing mask fails before the model loads
     loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))
     expected = None

@@ -14,6 +14,7 @@ from transformers.generation.streamers import BaseStreamer
 from ..draft.base import Drafter
 from ..hardware import synchronize
 from ..verify.base import Verifier
+from ..verify.policy import Tier
 from ..runner import CausalLMRunner
 from ..sampling import Sampler, SamplingConfig
 from .schedule import DraftLength, FixedDraftLength
@@ -195,6 +196,7 @@ class SpeculativeDecoder(Decoder):
             stats.drafted += verdict.num_drafted
             stats.accepted += verdict.num_accepted
             stats.tier_counts.update(verdict.tier_counts)
+            stats.settled += verdict.last_tier != Tier.ESCALATE  # the full model chose no token of the round
         synchronize(input_ids.device)
         stats.seconds = time.perf_counter() - begin
         stats.new_tokens = len(progress.new_tokens)

@@ -18,6 +18,7 @@ class DecodeStats:
     drafted: int = 0  # draft tokens proposed
     accepted: int = 0  # draft tokens committed unchanged
     tier_counts: Counter = field(default_factory=Counter)  # draft tokens decided per tier
+    settled: int = 0  # verification rounds the slim tier settled, no forward of the full model
     model_calls: dict[str, CallStats] = field(default_factory=dict)  # cost per model
 
     @property

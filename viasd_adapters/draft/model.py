@@ -52,10 +52,12 @@ class ModelDrafter(Drafter):
         if isinstance(vocabulary, str):
             vocabulary = DraftVocabulary.load(vocabulary)
         head = ReducedHead(model, vocabulary) if vocabulary is not None else None
+        variant = None
         if quantize is not None:
+            variant = f"{str(model.dtype).removeprefix('torch.')}+{quantize}"  # the latency profile's name for it
             model = quantized_copy(model, quantize, keep_head=head is not None)
         self.head = head
-        self.runner = CausalLMRunner(model, name, head=head)
+        self.runner = CausalLMRunner(model, name, head=head, variant=variant)
 
     @property
     def vocab_size(self) -> int:

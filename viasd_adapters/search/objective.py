@@ -11,7 +11,7 @@ that changes what it returns; results are memoised by mask).
 Two kinds of cost can be minimised. "kl" (and "disagreement") measure distance at a fixed budget.
 "expected" (`ExpectedCost`) is what a mask costs VIA-SD: a slim pass per verify block plus a full
 pass for the blocks the slim tier cannot settle, both priced by a measured latency profile
-(bench/costmodel.py), with a penalty when the slim tier settles too many tokens wrongly.
+(`viasd_adapters.profile.CostModel`), with a penalty when the slim tier settles too many tokens wrongly.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
+from ..profile import CostModel
 from ..routing import HiddenState, RoutingMask, SlimModel
 from .calibration import CalibrationSet, as_tensors
 
@@ -115,12 +116,12 @@ class ExpectedCost:
         block_cost = slim_ratio + (1 - s) * escalation_ratio        (SD pays 1.0)
         expected   = block_cost + penalty * max(0, wrong - max_wrong)
 
-    The ratios come from a `LatencyProfile` measured on the device, so a mask is priced by the
+    The ratios come from a `CostModel` fitted on the device's latency profile, so a mask is priced by the
     layers it runs there (late masks make escalations cheap when the prefix is shared; masks of
     many layers make the slim pass cheap but settle less).
     """
 
-    profile: object  # bench.costmodel.LatencyProfile (priced by layers run)
+    profile: CostModel  # the target's forwards, priced by layers run
     attention_share: float = 0.5  # share of a layer's cost in its attention sub-block
     tau_accept: float = 0.8  # the tier thresholds the mask is chosen for
     tau_slim: float = 0.8

@@ -1,0 +1,19 @@
+"""DecodeStats' settled count: rounds the slim tier settled, counted where the loop sees each verdict."""
+
+from tests.conftest import perturbed
+from tests.decode.test_loops import PROMPT
+from viasd_adapters.decode import SpeculativeDecoder
+from viasd_adapters.draft import ModelDrafter
+from viasd_adapters.verify import ConfidencePolicy, LosslessVerifier, TieredVerifier
+
+
+def test_settled_rounds_are_the_rounds_without_a_full_forward(tiny_target, tiny_draft):
+    slim = perturbed(tiny_target.model, scale=0.01, seed=9)
+    verifier = TieredVerifier(tiny_target.model, slim, ConfidencePolicy(tau_accept=0.5, tau_slim=0.3))
+    out = SpeculativeDecoder(ModelDrafter(tiny_draft), verifier, num_draft_tokens=4).generate(PROMPT, 60)
+    s = out.stats
+    assert 0 < s.settled < s.steps  # both kinds of round ran
+    # without a shared prefix every escalated round is one forward of the target, a settled one none
+    assert s.settled == s.steps - s.model_calls["target"].calls
+    plain = SpeculativeDecoder(ModelDrafter(tiny_draft), LosslessVerifier(tiny_target.model), num_draft_tokens=4)
+    assert plain.generate(PROMPT, 20).stats.settled == 0
