@@ -22,6 +22,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from . import compat
+from .models.spec import check_precision
 from .pipeline import PAIR_MODELS
 
 
@@ -83,6 +84,9 @@ def check_runtime(runtime: DictConfig) -> None:
             raise ValueError(f"runtime.device={device}: this torch build sees no CUDA device; use runtime.device=cpu")
     if runtime.get("threads") is not None:
         check_positive_int("runtime.threads", runtime.threads)
+    for key in ("dtype", "draft_dtype"):
+        if runtime.get(key) is not None:
+            check_precision(runtime[key], device or "cpu", key=f"runtime.{key}")
 
 
 def check_components(name: str, framework: DictConfig, verifier: DictConfig | None, identity_slim_ok: bool = False,

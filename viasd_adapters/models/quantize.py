@@ -1,7 +1,15 @@
-"""Cheaper draft models: int8 copies of a model's linear layers, sharing everything else.
+"""int8 linear layers: the `int8` precision of a whole model (target or draft), and cheaper
+draft copies.
 
-A drafter's precision never changes a lossless output (the target decides every token), only
-how often its drafts are accepted; docs/drafting.md has the measured cost and acceptance.
+* "int8" (`runtime.dtype=int8`, `runtime.draft_dtype=int8`): W8A8. Weights int8 per output
+  channel; activations quantised at run time per row (token), so a row's output never depends on
+  the other rows fed with it: a batched verify computes what one-token steps compute, and SD on
+  the int8 target reproduces int8 AR (docs/int8.md). fbgemm's dynamic int8 GEMM multiplies; its
+  cost is nearly flat from 1 to 16 rows on AVX2 and on AMX, where bf16 and fp32 grow with rows on
+  CPUs without AVX-512 BF16. Everything but the linear layers computes in fp32.
+* A drafter's precision never changes a lossless output (the target decides every token), only
+  how often its drafts are accepted; docs/drafting.md has the measured cost and acceptance of the
+  draft-only variants below.
 
 * "int8-weight": weight-only int8, per output channel; activations stay in the model's dtype
   and `torch.ops.aten._weight_int8pack_mm` multiplies (the kernel gpt-fast uses on CPU). That
@@ -15,7 +23,9 @@ how often its drafts are accepted; docs/drafting.md has the measured cost and ac
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import warnings
 
 import torch
 from transformers import PreTrainedModel
@@ -68,7 +78,142 @@ class DynamicInt8Linear(torch.nn.Module):
         return self.inner(x.float()).to(x.dtype)
 
 
-QUANTIZATIONS = {"int8-weight": Int8WeightLinear, "int8-dynamic": DynamicInt8Linear}
+@contextlib.contextmanager
+def _fbgemm():
+    """fbgemm packs the weights: its AVX2 kernels run on every x86-64 CPU, AMX ones included."""
+    engine = torch.backends.quantized.engine
+    torch.backends.quantized.engine = "fbgemm"
+    try:
+        with warnings.catch_warnings():
+            # Packing goes through a quantized tensor (deprecated in torch 2.13, see `Int8Linear`).
+            warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
+            yield
+    finally:
+        torch.backends.quantized.engine = engine
+
+
+class _RowQuantGemm:
+    """x W^T with W int8 per output channel and each row of x quantised by itself (W8A8).
+
+    fbgemm's dynamic GEMM quantises its whole input with one range. Each row is divided by its
+    own absolute maximum first, and one fixed row [1, -1, 0, ...] is appended, so that range is
+    always [-1, 1]: every row is quantised exactly as it would be alone, and the integer product
+    (exact in int32) with per-element rescaling makes each output row independent of the others.
+    Activations use 7 bits (fbgemm's `reduce_range`, which keeps AVX2's 16-bit pair sums from
+    saturating), the same on every CPU.
+
+    The weights are packed through torch's quantized tensors, deprecated in torch 2.13; when they
+    are gone this raises at construction (tests/models/test_int8.py fails with it).
+    """
+
+    def __init__(self, weight: torch.Tensor):
+        w = weight.detach().float()  # [N, K]
+        scales = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0).double()  # [N]
+        with _fbgemm():
+            qweight = torch.quantize_per_channel(w, scales, torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8)
+            self.packed = torch.ops.quantized.linear_prepack(qweight, None)
+        self.bounds = torch.zeros(1, w.shape[1])
+        self.bounds[0, 0], self.bounds[0, -1] = 1.0, -1.0
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        """[M, K] fp32 -> [M, N] fp32."""
+        peak = rows.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)  # [M, 1]
+        unit = torch.cat([rows / peak, self.bounds])
+        return torch.ops.quantized.linear_dynamic(unit, self.packed, True)[:-1] * peak
+
+    def dequantized(self) -> torch.Tensor:
+        qweight, _ = torch.ops.quantized.linear_unpack(self.packed)
+        return qweight.dequantize()
+
+
+class Int8Linear(torch.nn.Module):
+    """y = x W^T + b in W8A8 (`_RowQuantGemm`), with the input channels that carry activation
+    outliers in a group of their own.
+
+    A few input channels (down_proj's above all: its inputs `act(gate) * up` reach 10-400x their
+    median) would set every row's scale and leave the rest a handful of levels. `outliers` names
+    them (`calibrate_outliers`); they are quantised per row among themselves by a second, narrow
+    GEMM, so both groups keep their resolution and every row stays independent of the others.
+    """
+
+    def __init__(self, linear: torch.nn.Linear, outliers: torch.Tensor | None = None):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        w = linear.weight.detach()
+        if outliers is None or len(outliers) == 0:
+            self.channels = None
+            self._gemms = [_RowQuantGemm(w)]
+        else:
+            inliers = torch.ones(self.in_features, dtype=torch.bool)
+            inliers[outliers] = False
+            self.channels = [inliers.nonzero().squeeze(1), outliers.sort().values]  # [K - k], [k]
+            self._gemms = [_RowQuantGemm(w[:, c]) for c in self.channels]
+        self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantised weight [out, in] (fp32), for code that reads a head's rows."""
+        if self.channels is None:
+            return self._gemms[0].dequantized()
+        w = torch.empty(self.out_features, self.in_features)
+        for channels, gemm in zip(self.channels, self._gemms):
+            w[:, channels] = gemm.dequantized()
+        return w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., in] -> [..., out] in x's dtype."""
+        rows = x.reshape(-1, self.in_features).float()
+        if self.channels is None:
+            y = self._gemms[0](rows)
+        else:
+            y = sum(gemm(rows.index_select(1, c)) for c, gemm in zip(self.channels, self._gemms))
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        k = 0 if self.channels is None else len(self.channels[1])
+        return f"in_features={self.in_features}, out_features={self.out_features}, w8a8 per-token, {k} outlier channels"
+
+
+# The project's own calibration text: prose, code, arithmetic and chat, as the tasks have them.
+CALIBRATION_TEXT = (
+    "The museum opens at nine, and by noon the hall with the old maps is always crowded.\n"
+    "def moving_average(values, window):\n    total = sum(values[:window])\n    out = [total / window]\n"
+    "    for i in range(window, len(values)):\n        total += values[i] - values[i - window]\n"
+    "        out.append(total / window)\n    return out\n"
+    "A train leaves at 3:15 pm and travels 180 km at 72 km/h, so it arrives 2.5 hours later, at 5:45 pm.\n"
+    "Translate into German: The weather will improve tomorrow afternoon.\n"
+    "Q: Which planet has the shortest year? A: Mercury, at about 88 Earth days.\n"
+)
+OUTLIER_SHARE = 1 / 64  # input channels per linear layer given their own group (down_proj: 140 of 8960)
+
+
+@torch.no_grad()
+def calibrate_outliers(model: PreTrainedModel, tokenizer, text: str = CALIBRATION_TEXT,
+                       share: float = OUTLIER_SHARE) -> dict[str, torch.Tensor]:
+    """For each down_proj (the MLP's output projection): the `share` of its input channels with
+    the largest magnitude on `text`, by module name."""
+    peaks: dict[str, torch.Tensor] = {}
+
+    def record(name):
+        def hook(module, args):
+            x = args[0].detach().float().reshape(-1, args[0].shape[-1]).abs().amax(0)
+            peaks[name] = x if name not in peaks else torch.maximum(peaks[name], x)
+        return hook
+
+    handles = [m.register_forward_pre_hook(record(n)) for n, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and n.endswith("down_proj")]
+    try:
+        ids = tokenizer(text, return_tensors="pt").input_ids.to(model.device)
+        model(ids[:, : model.config.max_position_embeddings])
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {name: peak.topk(max(1, int(len(peak) * share))).indices for name, peak in peaks.items()}
+
+
+QUANTIZATIONS = {"int8": Int8Linear, "int8-weight": Int8WeightLinear, "int8-dynamic": DynamicInt8Linear}
 
 
 def quantized_copy(model: PreTrainedModel, kind: str, keep_head: bool = False) -> PreTrainedModel:
@@ -77,16 +222,24 @@ def quantized_copy(model: PreTrainedModel, kind: str, keep_head: bool = False) -
     Every other parameter and buffer (embeddings, norms) is shared with `model`, not copied;
     `model` itself is not modified.
     """
+    # Share tensors: deepcopy maps every parameter and buffer to itself.
+    memo = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    return quantize_linears(copy.deepcopy(model, memo), kind, keep_head)
+
+
+def quantize_linears(model: PreTrainedModel, kind: str, keep_head: bool = False,
+                     outliers: dict[str, torch.Tensor] | None = None) -> PreTrainedModel:
+    """`model` with its decoder linear layers (and LM head, unless `keep_head`) replaced, in place;
+    `outliers` (int8 only): input channels kept in a group of their own, by module name."""
     if kind not in QUANTIZATIONS:
         raise ValueError(f"quantization {kind!r} is not one of {sorted(QUANTIZATIONS)}")
     if model.device.type != "cpu":
-        raise ValueError(f"int8 draft quantization runs on CPU only, the model is on {model.device}")
-    # Share tensors: deepcopy maps every parameter and buffer to itself.
-    memo = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-    clone = copy.deepcopy(model, memo)
-    head = clone.get_output_embeddings()
-    for module_name, module in list(clone.named_modules()):
+        raise ValueError(f"{kind} runs on CPU only (fbgemm / CPU int8 kernels), the model is on {model.device}")
+    head = model.get_output_embeddings()
+    for module_name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, torch.nn.Linear) and (child is not head or not keep_head):
-                setattr(module, child_name, QUANTIZATIONS[kind](child))
-    return clone.eval()
+                name = f"{module_name}.{child_name}" if module_name else child_name
+                extra = {"outliers": outliers[name]} if outliers and name in outliers else {}
+                setattr(module, child_name, QUANTIZATIONS[kind](child, **extra))
+    return model.eval()

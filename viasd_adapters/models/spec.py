@@ -7,7 +7,19 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# A precision is the dtype the model computes in, or "int8": W8A8 linear layers (models.quantize)
+# with everything else in fp32. int8 has kernels on CPUs only.
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.float32}
+QUANTIZED_PRECISIONS = ("int8",)
+
+
+def check_precision(dtype: str, device: str = "cpu", key: str = "dtype") -> None:
+    """A clear error for a precision that is unknown or has no kernel on `device` (`key` names the setting)."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"{key}={dtype} is not one of {', '.join(_DTYPES)}")
+    if dtype in QUANTIZED_PRECISIONS and torch.device(device).type != "cpu":
+        raise ValueError(f"{key}={dtype}: its W8A8 kernels (fbgemm) run on CPUs only, not on {device};"
+                         f" use bfloat16 on {device}, or device=cpu")
 
 
 @dataclass
@@ -35,26 +47,31 @@ class ModelSpec:
     """A model to load: an offline zoo name, a local folder, a hub id, or "tiny-random"."""
 
     name: str  # see `viasd_adapters.models.zoo.OFFLINE_MODELS` for the offline names
-    dtype: str = "bfloat16"  # float32 | bfloat16 | float16
+    dtype: str = "bfloat16"  # float32 | bfloat16 | float16 | int8 (W8A8 linears, the rest fp32; CPU)
     device: str = "cpu"  # any torch device string
     tiny: TinyModelConfig | None = None  # only for name == "tiny-random"
 
     def __post_init__(self) -> None:
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} is not one of {sorted(_DTYPES)}")
+        check_precision(self.dtype, self.device)
         if self.tiny is not None and not isinstance(self.tiny, TinyModelConfig):
             self.tiny = TinyModelConfig(**self.tiny)  # Hydra passes nested configs as mappings
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        """The dtype the weights load in and everything but quantised layers computes in."""
         return _DTYPES[self.dtype]
+
+    @property
+    def quantization(self) -> str | None:
+        """The `models.quantize` scheme applied after loading, if any."""
+        return self.dtype if self.dtype in QUANTIZED_PRECISIONS else None
 
 
 @dataclass
 class LoadedModel:
     """A causal LM ready for decoding, with the tokenizer that matches it."""
 
-    model: PreTrainedModel  # in eval mode, on `spec.device`, in `spec.dtype`
+    model: PreTrainedModel  # in eval mode, on `spec.device`, in `spec.dtype` (int8: quantised linears)
     tokenizer: PreTrainedTokenizerBase
     spec: ModelSpec
     stop_token_ids: tuple[int, ...] = field(default=())  # generation ends after any of these

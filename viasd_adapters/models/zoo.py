@@ -20,6 +20,7 @@ from .offline import (
     ensure_cached,
     tokenizer_meta_from_provenance,
 )
+from .quantize import calibrate_outliers, quantize_linears
 from .spec import LoadedModel, ModelSpec
 from .tiny import build_tiny_model
 
@@ -31,8 +32,19 @@ TINY_RANDOM = "tiny-random"
 def load_model(spec: ModelSpec) -> LoadedModel:
     """Load `spec.name`: "tiny-random", an offline zoo name, a local folder, or a hub id.
 
-    The model comes back in eval mode, in `spec.dtype`, on `spec.device`, with SDPA attention.
+    The model comes back in eval mode, in `spec.dtype`, on `spec.device`, with SDPA attention;
+    for int8, its linear layers and LM head quantised (`models.quantize.Int8Linear`).
     """
+    loaded = _load(spec)
+    if spec.quantization:
+        start = time.perf_counter()
+        outliers = calibrate_outliers(loaded.model, loaded.tokenizer)
+        quantize_linears(loaded.model, spec.quantization, outliers=outliers)
+        logger.info("quantised %s to %s in %.1f s", spec.name, spec.quantization, time.perf_counter() - start)
+    return loaded
+
+
+def _load(spec: ModelSpec) -> LoadedModel:
     if spec.tiny is not None and spec.name != TINY_RANDOM:
         raise ValueError(f"spec.tiny is only used with name {TINY_RANDOM!r}, not {spec.name!r}")
     if spec.name == TINY_RANDOM:

@@ -1,0 +1,124 @@
+"""The int8 precision (W8A8, `models.quantize.Int8Linear`): batch-invariant rows, hence lossless
+speculative decoding relative to the int8 target itself; its kernel; its refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import exact_marginals, perturbed, tiny
+from tests.decode.test_loops import PROMPT
+from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
+from viasd_adapters.draft import ModelDrafter, PromptLookupDrafter
+from viasd_adapters.models import ModelSpec, TinyModelConfig, load_model
+from viasd_adapters.models.quantize import Int8Linear, quantize_linears
+from viasd_adapters.models.spec import check_precision
+from viasd_adapters.sampling import SamplingConfig
+from viasd_adapters.verify import LosslessVerifier
+
+
+def reference_w8a8(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """W8A8 per row written out in plain arithmetic: int8 weights per output channel, each row
+    scaled to [-1, 1] and quantised to 7 bits with the zero point of that range. fbgemm's kernel
+    rounds a few values the other way (its own quantize loop), so it matches to ~0.5 %, against
+    the ~2 % W8A8 costs against fp32."""
+    w, x = w.double(), x.double()
+    w_scale = w.abs().amax(1).clamp_min(1e-12) / 127
+    wq = torch.round(w / w_scale[:, None]).clamp(-128, 127)
+    peak = x.abs().amax(-1, keepdim=True)
+    scale, zero = 2.0 / 127, 64  # 7-bit range [0, 127] covering [-1, 1]
+    xq = torch.clamp(torch.round((x / peak) / scale) + zero, 0, 127) - zero
+    return (xq @ wq.T) * scale * w_scale * peak
+
+
+def row_error(y: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    return (y.double() - ref).norm(dim=1) / ref.norm(dim=1)
+
+
+def test_int8_linear_computes_w8a8_per_row():
+    """Fails when fbgemm's dynamic GEMM (or the deprecated packing it relies on) breaks or changes."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(96, 40)
+    x = torch.randn(5, 96)
+    x[2] *= 300  # an outlier token: per-tensor scaling would flatten the other rows
+    y = Int8Linear(linear)(x)
+    ref = reference_w8a8(linear.weight, x) + linear.bias.double()
+    assert row_error(y, ref).max() < 0.01
+    assert row_error(y, linear(x).double()).max() < 0.05  # every row near the fp32 product, the small ones too
+
+
+def test_outlier_channels_are_quantised_in_a_group_of_their_own():
+    torch.manual_seed(2)
+    linear = torch.nn.Linear(128, 32, bias=False)
+    x = torch.randn(4, 128)
+    x[:, [5, 77]] *= 400  # two channels dominate every row, as down_proj's inputs do
+    exact = linear(x).double()
+    split = Int8Linear(linear, outliers=torch.tensor([77, 5]))
+    assert row_error(split(x), exact).max() < row_error(Int8Linear(linear)(x), exact).max() / 3
+    assert torch.allclose(split.weight, linear.weight, atol=linear.weight.abs().max().item() / 127)
+
+
+def test_a_row_computes_the_same_alone_or_in_a_batch():
+    torch.manual_seed(1)
+    layer = Int8Linear(torch.nn.Linear(64, 48), outliers=torch.tensor([3, 9]))
+    x = torch.randn(9, 64) * torch.logspace(-2, 2, 9)[:, None]
+    alone = torch.cat([layer(row[None]) for row in x])
+    assert torch.equal(layer(x), alone)
+
+
+@pytest.fixture(scope="module")
+def int8_pair():
+    target = load_model(ModelSpec("tiny-random", dtype="int8", tiny=TinyModelConfig()))
+    draft = quantize_linears(perturbed(tiny().model, 0.05), "int8")
+    return target, draft
+
+
+def test_tiny_int8_model_is_quantised_everywhere(int8_pair):
+    target, _ = int8_pair
+    kinds = {type(m) for m in target.model.modules()}
+    assert Int8Linear in kinds and torch.nn.Linear not in kinds  # LM head included
+    down = [m for n, m in target.model.named_modules() if n.endswith("down_proj")]
+    assert down and all(m.channels is not None and len(m.channels[1]) >= 1 for m in down)  # calibrated
+
+
+@pytest.mark.parametrize("drafter", ["model", "lookup"])
+def test_greedy_sd_on_the_int8_target_reproduces_int8_ar(int8_pair, drafter):
+    target, draft = int8_pair
+    ar = AutoregressiveDecoder(target.model).generate(PROMPT, 40)
+    propose = ModelDrafter(draft) if drafter == "model" else PromptLookupDrafter(max_ngram=2)
+    sd = SpeculativeDecoder(propose, LosslessVerifier(target.model), num_draft_tokens=4).generate(PROMPT, 40)
+    assert sd.tokens == ar.tokens
+    if drafter == "model":  # drafts were judged both ways, so the check had something to check
+        assert 0 < sd.stats.accepted < sd.stats.drafted
+
+
+def test_int8_sampling_follows_the_int8_target(int8_pair):
+    """SD with a perturbed int8 draft samples the int8 target's own distribution (first 2 tokens)."""
+    target, draft = int8_pair
+    prompt = PROMPT[:, :4]
+    exact = exact_marginals(target.model, prompt, 2)  # [2, V]
+    decoder = SpeculativeDecoder(ModelDrafter(draft), LosslessVerifier(target.model), num_draft_tokens=3)
+    n = 600
+    counts = torch.zeros_like(exact)
+    for seed in range(n):
+        tokens = decoder.generate(prompt, 2, SamplingConfig(temperature=1.0, seed=seed)).tokens
+        counts[torch.arange(2), torch.tensor(tokens)] += 1
+    from scipy.stats import chisquare
+
+    for step in range(2):
+        keep = exact[step] * n >= 5  # chi-square needs expected counts of at least 5: pool the rest
+        observed = torch.cat([counts[step][keep], counts[step][~keep].sum()[None]])
+        expected = torch.cat([exact[step][keep], exact[step][~keep].sum()[None]]) * n
+        assert chisquare(observed.numpy(), expected.numpy() * observed.sum().item() / expected.sum().item()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("dtype, device, message", [
+    ("int4", "cpu", "is not one of"),
+    ("int8", "cuda", "CPUs only"),
+    ("int8", "meta", "CPUs only"),
+])
+def test_bad_precisions_are_refused_before_loading(dtype, device, message):
+    with pytest.raises(ValueError, match=message):
+        ModelSpec("qwen2.5-coder-1.5b-instruct", dtype=dtype, device=device)
+    with pytest.raises(ValueError, match=f"runtime.dtype={dtype}"):
+        check_precision(dtype, device, key="runtime.dtype")
