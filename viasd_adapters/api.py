@@ -115,7 +115,7 @@ def _num_layers(model: PreTrainedModel) -> int:
 
 
 def _vocab_size(model: PreTrainedModel) -> int:
-    return int(model.get_output_embeddings().weight.shape[0])
+    return int(model.get_output_embeddings().out_features)
 
 
 def check_pair(target: PreTrainedModel, draft: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None,

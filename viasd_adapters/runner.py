@@ -57,7 +57,7 @@ class CausalLMRunner:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])
+        return int(self.model.get_output_embeddings().out_features)
 
     @property
     def context_length(self) -> int:

@@ -48,7 +48,7 @@ class ModelDrafter(Drafter):
         self.check_settings(confidence_threshold=confidence_threshold, quantize=quantize)
         self.name = name
         self.confidence_threshold = confidence_threshold
-        self.full_vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.full_vocab_size = int(model.get_output_embeddings().out_features)
         if isinstance(vocabulary, str):
             vocabulary = DraftVocabulary.load(vocabulary)
         head = ReducedHead(model, vocabulary) if vocabulary is not None else None

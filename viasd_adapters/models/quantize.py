@@ -149,16 +149,20 @@ class Int8Linear(torch.nn.Module):
             self.channels = [inliers.nonzero().squeeze(1), outliers.sort().values]  # [K - k], [k]
             self._gemms = [_RowQuantGemm(w[:, c]) for c in self.channels]
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+        self._dense: torch.Tensor | None = None
 
     @property
     def weight(self) -> torch.Tensor:
-        """The dequantised weight [out, in] (fp32), for code that reads a head's rows."""
-        if self.channels is None:
-            return self._gemms[0].dequantized()
-        w = torch.empty(self.out_features, self.in_features)
-        for channels, gemm in zip(self.channels, self._gemms):
-            w[:, channels] = gemm.dequantized()
-        return w
+        """The dequantised weight [out, in] (fp32), for code that reads a layer's rows (a reduced
+        draft head): one fp32 copy, made on first use and kept. Shapes come from in/out_features."""
+        if self._dense is None:
+            if self.channels is None:
+                self._dense = self._gemms[0].dequantized()
+            else:
+                self._dense = torch.empty(self.out_features, self.in_features)
+                for channels, gemm in zip(self.channels, self._gemms):
+                    self._dense[:, channels] = gemm.dequantized()
+        return self._dense
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[..., in] -> [..., out] in x's dtype."""

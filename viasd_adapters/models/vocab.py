@@ -111,7 +111,7 @@ class ReducedHead(torch.nn.Module):
     def __init__(self, model: PreTrainedModel, vocabulary: DraftVocabulary):
         super().__init__()
         head = model.get_output_embeddings()
-        V = int(head.weight.shape[0])
+        V = int(head.out_features)
         if vocabulary.vocab_size != V:
             raise ValueError(
                 f"the draft vocabulary was built for a vocabulary of {vocabulary.vocab_size} ids, the"
@@ -119,7 +119,7 @@ class ReducedHead(torch.nn.Module):
             )
         if getattr(model.config, "final_logit_softcapping", None):
             raise ValueError("reduced draft heads do not support models with final_logit_softcapping")
-        ids = torch.tensor(vocabulary.token_ids, dtype=torch.long, device=head.weight.device)
+        ids = torch.tensor(vocabulary.token_ids, dtype=torch.long, device=model.device)
         self.register_buffer("token_ids", ids, persistent=False)  # [N]
         self.weight = torch.nn.Parameter(head.weight.detach().index_select(0, ids), requires_grad=False)  # [N, d]
         bias = getattr(head, "bias", None)
