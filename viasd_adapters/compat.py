@@ -35,11 +35,13 @@ HOSTS: dict[str, Host] = {
     # AR verifies nothing: the `verifier` group's default (full) is left unused, anything else refused
     "ar": Host("AR", "viasd_adapters.decode.AutoregressiveDecoder", ("target",), verifiers=("full",)),
     "sd": Host("SD", "viasd_adapters.decode.SpeculativeDecoder", ("drafter", "verifier")),
-    "pearl": Host("PEARL", "viasd_adapters.hosts.pearl.PearlDecoder", ("drafter", "verifier"), streams=False),
-    # EAGLE drafts with its own head and judges its tree whole, with the target's own layers
+    "pearl": Host("PEARL", "viasd_adapters.hosts.pearl.PearlDecoder", ("drafter", "verifier")),
+    # EAGLE drafts with its own head; its tree goes to the verifier (`verify_tree`), whose slim pass is
+    # a routed view of the target. eagle-llm's own forward is the full model's judge, so no layers
+    # are shared with it (share_prefix), and its head hands out no draft distributions a gate could read.
     "eagle": Host(
         "EAGLE", "viasd_adapters.hosts.eagle.EagleDecoder", ("target", "verifier"), verifiers=("full", "tiered"),
-        fixed={"share_prefix": False, "gate": None}, streams=False,
+        fixed={"share_prefix": False, "gate": None},
         runs="verifier=full (stock EAGLE) or verifier=tiered (VIA-SD on a routed view of the target's own layers)"),
 }
 

@@ -1,6 +1,6 @@
 """Decoding loops: autoregressive and speculative, and the statistics they record."""
 
-from .loops import AutoregressiveDecoder, Decoder, GenerationResult, SpeculativeDecoder
+from .loops import AutoregressiveDecoder, CommittedSequence, Decoder, GenerationResult, SpeculativeDecoder
 from .stats import DecodeStats
 
-__all__ = ["AutoregressiveDecoder", "DecodeStats", "Decoder", "GenerationResult", "SpeculativeDecoder"]
+__all__ = ["AutoregressiveDecoder", "CommittedSequence", "DecodeStats", "Decoder", "GenerationResult", "SpeculativeDecoder"]

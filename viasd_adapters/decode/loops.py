@@ -29,8 +29,9 @@ class GenerationResult:
     stats: DecodeStats
 
 
-class _Progress:
-    """The committed sequence and the two ways a generation ends (stop token, budget)."""
+class CommittedSequence:
+    """The prompt and the tokens committed after it, the budget, and the two ways a generation
+    ends (stop token, budget); every decoder commits through it, so all end and stream alike."""
 
     def __init__(self, input_ids: torch.Tensor, max_new_tokens: int, stop_token_ids, context_length: int,
                  streamer: BaseStreamer | None = None):
@@ -120,21 +121,21 @@ class AutoregressiveDecoder(Decoder):
 
     def generate(self, input_ids, max_new_tokens, sampling=None, stop_token_ids=(), streamer=None):
         sampler = Sampler(sampling or SamplingConfig(), self.runner.device)
-        progress = _Progress(input_ids, max_new_tokens, stop_token_ids, self.runner.context_length, streamer)
+        committed = CommittedSequence(input_ids, max_new_tokens, stop_token_ids, self.runner.context_length, streamer)
         self.runner.reset()
         stats = DecodeStats()
         synchronize(input_ids.device)  # the clock starts when queued work (the prompt's copy) is done
         begin = time.perf_counter()
-        while not progress.done:
-            logits = self.runner.logits(progress.ids, 1)[0]  # [V]
+        while not committed.done:
+            logits = self.runner.logits(committed.ids, 1)[0]  # [V]
             token, _ = sampler.choose(logits)
-            progress.commit(input_ids.new_tensor([token]))
+            committed.commit(input_ids.new_tensor([token]))
             stats.steps += 1
         synchronize(input_ids.device)
         stats.seconds = time.perf_counter() - begin
-        stats.new_tokens = len(progress.new_tokens)
+        stats.new_tokens = len(committed.new_tokens)
         stats.model_calls = {self.runner.name: self.runner.stats}
-        return GenerationResult(progress.new_tokens, stats)
+        return GenerationResult(committed.new_tokens, stats)
 
 
 def check_same_vocabulary(drafter: Drafter, verifier: Verifier) -> None:
@@ -174,22 +175,22 @@ class SpeculativeDecoder(Decoder):
 
     def generate(self, input_ids, max_new_tokens, sampling=None, stop_token_ids=(), streamer=None):
         sampler = Sampler(sampling or SamplingConfig(), input_ids.device)
-        progress = _Progress(input_ids, max_new_tokens, stop_token_ids, self.verifier.context_length, streamer)
+        committed = CommittedSequence(input_ids, max_new_tokens, stop_token_ids, self.verifier.context_length, streamer)
         self.drafter.reset()
         self.verifier.reset()
         self.draft_length.reset()
         stats = DecodeStats()
         synchronize(input_ids.device)
         begin = time.perf_counter()
-        while not progress.done:
+        while not committed.done:
             # Never draft past the budget: the verifier adds one token of its own.
-            k = min(self.draft_length.next(), progress.remaining - 1)
+            k = min(self.draft_length.next(), committed.remaining - 1)
             # 1. draft
-            block = self.drafter.propose(progress.ids, k, sampler)
+            block = self.drafter.propose(committed.ids, k, sampler)
             # 2. verify (the verifier's caches catch up and roll back inside)
-            verdict = self.verifier.verify(progress.ids, block, sampler)
+            verdict = self.verifier.verify(committed.ids, block, sampler)
             # 3. commit; the drafter's cache rolls back to the common prefix on its next call
-            progress.commit(verdict.tokens)
+            committed.commit(verdict.tokens)
             # 4. the next round's K learns from this one
             self.draft_length.update(verdict.num_drafted, verdict.num_accepted)
             stats.steps += 1
@@ -199,6 +200,6 @@ class SpeculativeDecoder(Decoder):
             stats.settled += verdict.last_tier != Tier.ESCALATE  # the full model chose no token of the round
         synchronize(input_ids.device)
         stats.seconds = time.perf_counter() - begin
-        stats.new_tokens = len(progress.new_tokens)
+        stats.new_tokens = len(committed.new_tokens)
         stats.model_calls = {**self.drafter.stats, **self.verifier.stats}
-        return GenerationResult(progress.new_tokens, stats)
+        return GenerationResult(committed.new_tokens, stats)

@@ -15,7 +15,7 @@ from collections import Counter
 
 import torch
 
-from ..decode.loops import Decoder, GenerationResult, _Progress, check_same_vocabulary
+from ..decode.loops import CommittedSequence, Decoder, GenerationResult, check_same_vocabulary
 from ..decode.stats import DecodeStats
 from ..draft.base import DraftBlock, Drafter
 from ..runner import CallStats
@@ -149,10 +149,10 @@ class PearlDecoder(Decoder):
         )
         self.engine = PearlEngine(DrafterProposer(drafter), self.config)
 
-    def generate(self, input_ids, max_new_tokens, sampling=None, stop_token_ids=()):
+    def generate(self, input_ids, max_new_tokens, sampling=None, stop_token_ids=(), streamer=None):
         sampling = sampling or SamplingConfig()
         sampler = Sampler(sampling, input_ids.device)
-        progress = _Progress(input_ids, max_new_tokens, stop_token_ids, self.verifier.context_length)
+        committed = CommittedSequence(input_ids, max_new_tokens, stop_token_ids, self.verifier.context_length, streamer)
         self.verifier.reset()
         self.engine.start()  # a new draft process loads outside the timed loop
         stats = DecodeStats()
@@ -163,21 +163,21 @@ class PearlDecoder(Decoder):
         # (exactly greedy matching, and pre-verify need not wait for the first draft). Sampling:
         # every draft goes through the verifier's rejection sampling.
         with self.engine.session(input_ids, judge, sampling, sampling.seed, match_own_token=sampling.greedy) as session:
-            while not progress.done:
+            while not committed.done:
                 # 1-2. draft and verify at once; 3. keep the drafts consistent with the commit
-                round_ = session.step(progress.remaining)
+                round_ = session.step(committed.remaining)
                 # 4. commit (cut at a stop token or the budget)
-                progress.commit(round_.tokens)
+                committed.commit(round_.tokens)
                 stats.steps += 1
                 stats.drafted += round_.num_drafted
                 stats.accepted += round_.num_accepted
                 stats.tier_counts.update(round_.counts)
                 modes[round_.mode] += 1
         stats.seconds = time.perf_counter() - begin
-        stats.new_tokens = len(progress.new_tokens)
+        stats.new_tokens = len(committed.new_tokens)
         stats.model_calls = {**session.draft_stats, **self.verifier.stats}
         logger.debug("PEARL rounds: %d pre-verify, %d post-verify", modes["pre"], modes["post"])
-        return GenerationResult(progress.new_tokens, stats)
+        return GenerationResult(committed.new_tokens, stats)
 
     def cores(self, threads: int) -> int:
         """The verifier's threads plus the draft worker's: PEARL runs both at once."""
