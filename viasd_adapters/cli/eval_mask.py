@@ -33,7 +33,7 @@ from ..search import (
     MaskSpace,
     attention_share,
     greedy_removal,
-    open_session,
+    prepare_target,
     sensitivity,
 )
 from ..search.timing import CostRatio, measure_cost_ratio
@@ -67,8 +67,8 @@ def run(cfg: DictConfig) -> EvalOutput:
     mask: RoutingMask = instantiate(cfg.routing, _convert_="all")
     if mask.is_identity:
         raise ValueError("routing mask skips nothing: pick a searched mask, e.g. routing=qwen2.5-coder-1.5b-4l")
-    heldout = open_session(loaded, CalibrationConfig(**OmegaConf.to_container(cfg.calibration, resolve=True)),
-                           cfg.cache_dir, cfg.progress)
+    heldout = prepare_target(loaded, CalibrationConfig(**OmegaConf.to_container(cfg.calibration, resolve=True)),
+                             cfg.cache_dir, cfg.progress)
     L = heldout.num_layers
     mask = mask.bind(L, heldout.model_name)
     found = heldout.objective(mask)
@@ -85,8 +85,8 @@ def run(cfg: DictConfig) -> EvalOutput:
     k = round(mask.skipped_cost(share))
     if cfg.greedy and 1 <= k < L:
         # Fitted on the calibration split, as the search was; scored on the held-out split.
-        fit = open_session(loaded, CalibrationConfig(**OmegaConf.to_container(cfg.greedy_calibration, resolve=True)),
-                           cfg.cache_dir, cfg.progress)
+        fit = prepare_target(loaded, CalibrationConfig(**OmegaConf.to_container(cfg.greedy_calibration, resolve=True)),
+                             cfg.cache_dir, cfg.progress)
         pool = None
         if cfg.get("greedy_candidates"):  # as `viasd-search search.candidates=N`: the N least sensitive layers
             table = sensitivity(fit.objective, L, progress=cfg.progress)

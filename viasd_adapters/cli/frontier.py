@@ -279,10 +279,6 @@ def _points_from_run(sweep: SweepConfig, cfg: DictConfig, routing, out_dir: Path
     return points
 
 
-def _count(path: Path) -> int:
-    return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.is_file() else 0
-
-
 def _remaining(out_dir: Path, key: str, task, num_points: int, repetitions: int) -> list[str]:
     """Ids of the task's prompts without a complete group of records (one per point and repetition).
 

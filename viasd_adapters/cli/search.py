@@ -40,7 +40,7 @@ from ..search import (
     SearchResult,
     attention_share,
     greedy_removal,
-    open_session,
+    prepare_target,
     run_search,
     sensitivity,
     write_report,
@@ -80,12 +80,12 @@ def run(cfg: DictConfig) -> SearchOutput:
     if profile is not None:
         fields = {k: v for k, v in OmegaConf.to_container(expected_cfg, resolve=True).items() if k != "profile"}
         expected = ExpectedCost(profile, attention_share(loaded.model), **fields)
-    session = open_session(loaded, CalibrationConfig(**OmegaConf.to_container(cfg.calibration, resolve=True)),
-                           cfg.cache_dir, cfg.progress, expected)
-    L, model = session.num_layers, session.model_name
+    calibrated = prepare_target(loaded, CalibrationConfig(**OmegaConf.to_container(cfg.calibration, resolve=True)),
+                                cfg.cache_dir, cfg.progress, expected)
+    L, model = calibrated.num_layers, calibrated.model_name
     budget = Budget(**OmegaConf.to_container(cfg.search.budget, resolve=True))
     share = attention_share(loaded.model)
-    objective = session.objective
+    objective = calibrated.objective
 
     # Baselines first: they seed and narrow the search and go in the report.
     baselines = Baselines()
@@ -126,9 +126,9 @@ def run(cfg: DictConfig) -> SearchOutput:
         "candidates_text": None if candidates is None else
         f"{len(candidates)} {'least sensitive' if isinstance(given, int) else 'given'}: "
         + ", ".join(f"{kind[0]}{i}" for kind, i in sorted(candidates, key=lambda b: b[1])),
-        "calibration": session.calibration.description | {"scored_positions": session.calibration.num_scored},
-        "calibration_text": f"{session.calibration.description['split']} split, "
-                            f"{len(session.calibration.texts)} texts, {session.calibration.num_scored} scored positions",
+        "calibration": calibrated.calibration.description | {"scored_positions": calibrated.calibration.num_scored},
+        "calibration_text": f"{calibrated.calibration.description['split']} split, "
+                            f"{len(calibrated.calibration.texts)} texts, {calibrated.calibration.num_scored} scored positions",
         "trials": {p: len(result.of_phase(p)) for p in ("seed", "random", "tpe")},
         # greedy among them: the found mask cannot be worse than greedy removal on this text
         "seeds": [kind for kind, _ in seeds],

@@ -198,12 +198,6 @@ class RoutingMask:
             self.skip_layers, self.skip_attention, self.skip_mlp, num_layers, self.model or model, self.provenance
         )
 
-    def with_provenance(self, **facts: Any) -> RoutingMask:
-        return RoutingMask(
-            self.skip_layers, self.skip_attention, self.skip_mlp, self.num_layers, self.model,
-            {**self.provenance, **facts},
-        )
-
     # ----------------------------------------------------------------------------- YAML
     def to_dict(self) -> dict:
         """The Hydra config of this mask (`hydra.utils.instantiate` rebuilds it)."""

@@ -5,12 +5,13 @@ from .dimr import SearchConfig, SearchResult, TrialRecord, run_search
 from .greedy import GreedyStep, Sensitivity, greedy_removal, sensitivity
 from .objective import EvaluationStore, ExpectedCost, MaskMetrics, MaskObjective, Reference, block_outcomes
 from .report import Baselines, write_report
-from .session import Session, open_session
 from .space import Budget, MaskSpace, attention_share
+from .target import CalibratedTarget, prepare_target
 
 __all__ = [
     "Baselines",
     "Budget",
+    "CalibratedTarget",
     "CalibrationConfig",
     "CalibrationSet",
     "CalibrationText",
@@ -24,13 +25,12 @@ __all__ = [
     "Reference",
     "SearchConfig",
     "SearchResult",
-    "Session",
     "TrialRecord",
     "attention_share",
     "block_outcomes",
     "build_calibration",
     "greedy_removal",
-    "open_session",
+    "prepare_target",
     "run_search",
     "sensitivity",
     "write_report",

@@ -15,7 +15,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class Session:
+class CalibratedTarget:
     loaded: LoadedModel
     calibration: CalibrationSet
     reference: Reference
@@ -31,8 +31,8 @@ class Session:
         return self.reference.num_layers
 
 
-def open_session(loaded: LoadedModel, calibration: CalibrationConfig, cache_dir: str | Path | None,
-                 progress: bool = True, expected: ExpectedCost | None = None) -> Session:
+def prepare_target(loaded: LoadedModel, calibration: CalibrationConfig, cache_dir: str | Path | None,
+                   progress: bool = True, expected: ExpectedCost | None = None) -> CalibratedTarget:
     """Calibration text (cached), the full model's reference (computed once), the objective
     (with `expected`, it also prices each mask for the cost-aware search)."""
     texts = build_calibration(loaded, calibration, cache_dir, progress)
@@ -46,4 +46,4 @@ def open_session(loaded: LoadedModel, calibration: CalibrationConfig, cache_dir:
     objective = store.attach(MaskObjective(reference, expected))
     if objective.memo:
         logger.info("%d mask evaluations read from %s", len(objective.memo), store_path)
-    return Session(loaded, texts, reference, objective, store)
+    return CalibratedTarget(loaded, texts, reference, objective, store)
