@@ -75,6 +75,17 @@ def test_a_speedup_is_over_the_fastest_ar_not_ar_in_the_chosen_dtype():
     assert choice.expected_speedup == pytest.approx(choice.expected_tokens_per_second / 5.0)
 
 
+def test_on_an_avx2_cpu_the_flat_int8_target_makes_sd_the_choice():
+    """The AVX2 shape (measured, docs/int8.md): bf16 and fp32 verifies grow with rows, int8's barely."""
+    p = profile_of({(T, "bfloat16"): {1: 112, 4: 438, 8: 833}, (T, "float32"): {1: 393, 4: 762, 8: 736},
+                    (T, "int8"): {1: 74, 4: 120, 8: 159}, (D, "bfloat16"): {1: 42}, (D, "int8"): {1: 20}})
+    choice = choose_configuration(p, D, T, acceptance=0.8, threads=2, dtypes=["int8", "bfloat16", "float32"])
+    assert (choice.framework, choice.dtype, choice.draft_dtype) == ("sd", "int8", "int8")
+    assert choice.fastest_ar_dtype == "int8" and choice.expected_speedup > 1.2
+    bf16_only = choose_configuration(p, D, T, acceptance=0.8, threads=2, dtypes=["bfloat16"])
+    assert (bf16_only.framework, bf16_only.fastest_ar_dtype) == ("ar", "bfloat16")
+
+
 def test_the_choice_takes_the_faster_thread_count():
     # A busy host: two threads are slower than one (a 2-thread op waits for its slower thread).
     busy = LatencyProfile(entries=INTEL.entries + profile_of(

@@ -48,3 +48,14 @@ def test_tiered_reductions_equal_greedy_ar_fp32(ar_output, overrides):
     slim_calls = tiered.stats.model_calls["slim"].calls if "slim" in tiered.stats.model_calls else 0
     assert (slim_calls == 0) == ("verifier.policy=null" in overrides)
     assert set(tiered.stats.tier_counts) <= {"full"}
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="int8 has CPU kernels only")
+def test_greedy_sd_and_lookup_on_the_int8_target_reproduce_int8_ar():
+    """The int8 target is its own reference: a verify block computes what its steps compute."""
+    int8 = ("runtime.dtype=int8", "runtime.draft_dtype=int8", "max_new_tokens=32")
+    _, ar = run(compose_generate(PROMPT, "framework=ar", *int8))
+    _, sd = run(compose_generate(PROMPT, "framework=sd", *int8))
+    _, lookup = run(compose_generate(PROMPT, "framework=lookup", *int8))
+    assert sd.tokens == ar.tokens and lookup.tokens == ar.tokens
+    assert 0 < sd.stats.accepted < sd.stats.drafted

@@ -628,6 +628,7 @@ class Choice:
     ar_tokens_per_second: float  # the fastest AR (any dtype) at the same threads
     threads: int
     acceptance: float  # the per-token acceptance a assumed
+    fastest_ar_dtype: str = ""  # the target dtype of that fastest AR
 
     def describe(self) -> str:
         if self.framework == "ar":
@@ -669,14 +670,16 @@ def choose_configuration(
         # Speedups are over the fastest AR at these threads, whatever its dtype: a configuration
         # that only beats AR in a slow dtype is no gain.
         ar_speeds = {d: 1000.0 / profile.ms(target, d, t, 1, context) for d in targets}
-        fastest_ar = max(ar_speeds.values())
+        fastest_dtype = max(ar_speeds, key=ar_speeds.get)
+        fastest_ar = ar_speeds[fastest_dtype]
         for dtype, ar in ar_speeds.items():
-            options = [Choice("ar", dtype, None, 0, ar / fastest_ar, ar, fastest_ar, t, acceptance)]
+            options = [Choice("ar", dtype, None, 0, ar / fastest_ar, ar, fastest_ar, t, acceptance, fastest_dtype)]
             for draft_dtype in drafts:
                 costs = profile.draft_costs(draft, target, dtype, draft_dtype, t, context, k_max + 1)
                 k = best_draft_length(acceptance, costs, k_max)
                 speed = expected_speedup(acceptance, k, costs) * ar
-                options.append(Choice("sd", dtype, draft_dtype, k, speed / fastest_ar, speed, fastest_ar, t, acceptance))
+                options.append(Choice("sd", dtype, draft_dtype, k, speed / fastest_ar, speed, fastest_ar, t, acceptance,
+                                      fastest_dtype))
             for option in options:
                 if best is None or option.expected_tokens_per_second > best.expected_tokens_per_second:
                     best = option

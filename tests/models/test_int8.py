@@ -81,6 +81,21 @@ def test_tiny_int8_model_is_quantised_everywhere(int8_pair):
     assert down and all(m.channels is not None and len(m.channels[1]) >= 1 for m in down)  # calibrated
 
 
+@torch.no_grad()
+def test_a_verify_block_computes_what_one_token_steps_compute(int8_pair):
+    """Bitwise: the int8 linears and the row-invariant attention (models/row_attention.py)."""
+    import copy
+
+    model = int8_pair[0].model
+    assert model.config._attn_implementation == "sdpa-rows"
+    cache = model(PROMPT[:, :-5], use_cache=True).past_key_values
+    steps_cache = copy.deepcopy(cache)
+    block = model(PROMPT[:, -5:], past_key_values=cache, use_cache=True).logits[0]  # [5, V]
+    steps = torch.cat([model(PROMPT[:, i : i + 1], past_key_values=steps_cache, use_cache=True).logits[0]
+                       for i in range(PROMPT.shape[1] - 5, PROMPT.shape[1])])
+    assert torch.equal(block, steps)
+
+
 @pytest.mark.parametrize("drafter", ["model", "lookup"])
 def test_greedy_sd_on_the_int8_target_reproduces_int8_ar(int8_pair, drafter):
     target, draft = int8_pair

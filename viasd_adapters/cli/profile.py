@@ -16,6 +16,7 @@ from ..decode import AutoregressiveDecoder, GenerationResult, SpeculativeDecoder
 from ..decode.schedule import AdaptiveDraftLength
 from ..draft import ModelDrafter
 from ..models import load_model
+from ..models.spec import QUANTIZED_PRECISIONS
 from ..pipeline import encode_prompt
 from ..profile import (
     Choice, LatencyProfile, ProfileGrid, choose_configuration, default_profile_path, load_profile,
@@ -72,11 +73,12 @@ def ensure_profile(
 
 
 def decode_both(cfg: DictConfig, profile: LatencyProfile, choice: Choice) -> list[Decoded]:
-    """Greedy AR and the chosen configuration on `cfg.prompt`, each warmed up once first."""
+    """Greedy AR of the chosen target, the chosen configuration and, where another precision's AR
+    is faster, greedy AR in that one, on `cfg.prompt`, each warmed up once first."""
     device = cfg.runtime.device
     pair = cfg.model_pair
     target = load_model(instantiate(pair.target, dtype=choice.dtype, device=device))
-    decoders = {f"greedy AR ({choice.dtype})": AutoregressiveDecoder(target.model)}
+    decoders = {f"greedy AR ({choice.dtype})": (AutoregressiveDecoder(target.model), target)}
     if choice.framework == "sd":
         draft_dtype, quantization = split_variant(choice.draft_dtype)
         draft = load_model(instantiate(pair.draft, dtype=draft_dtype, device=device))
@@ -87,20 +89,26 @@ def decode_both(cfg: DictConfig, profile: LatencyProfile, choice: Choice) -> lis
         )
         label = f"SD (target {choice.dtype}, draft {choice.draft_dtype}, adaptive K from {choice.num_draft_tokens})"
         drafter = ModelDrafter(draft.model, quantize=quantization)
-        decoders[label] = SpeculativeDecoder(drafter, LosslessVerifier(target.model), draft_length=schedule)
+        decoders[label] = (SpeculativeDecoder(drafter, LosslessVerifier(target.model), draft_length=schedule), target)
+    if choice.fastest_ar_dtype and choice.fastest_ar_dtype != choice.dtype:
+        fastest = load_model(instantiate(pair.target, dtype=choice.fastest_ar_dtype, device=device))
+        decoders[f"greedy AR ({choice.fastest_ar_dtype}, the fastest AR by the profile)"] = (
+            AutoregressiveDecoder(fastest.model), fastest)
     ids = encode_prompt(target, cfg.prompt, cfg.chat_template)
     sampling = instantiate(cfg.sampling)
     out = []
-    for label, decoder in decoders.items():
-        decoder.generate(ids, 4, sampling, target.stop_token_ids)  # warm-up: kernels and allocator
-        result = decoder.generate(ids, cfg.max_new_tokens, sampling, target.stop_token_ids)
-        out.append(Decoded(label, result, target.tokenizer.decode(result.tokens, skip_special_tokens=True)))
+    for label, (decoder, model) in decoders.items():
+        decoder.generate(ids, 4, sampling, model.stop_token_ids)  # warm-up: kernels and allocator
+        result = decoder.generate(ids, cfg.max_new_tokens, sampling, model.stop_token_ids)
+        out.append(Decoded(label, result, model.tokenizer.decode(result.tokens, skip_special_tokens=True)))
     return out
 
 
 def run(cfg: DictConfig) -> ProfileOutcome:
     device = cfg.runtime.device
     grid = instantiate(cfg.grid, _convert_="all")
+    if torch.device(device).type != "cpu":  # int8 has CPU kernels only: profile the rest
+        grid.dtypes = [d for d in grid.dtypes if d not in QUANTIZED_PRECISIONS]
     path = Path(cfg.profile_path) if cfg.profile_path else default_profile_path(device)
     profile, measured = ensure_profile(grid, path, device, pair_loader(cfg.model_pair), cfg.remeasure, cfg.progress)
     threads = [cfg.threads] if cfg.threads else usable_threads(grid.threads, device)
@@ -125,8 +133,10 @@ def report(outcome: ProfileOutcome) -> str:
     lines = [f"latency profile: {outcome.path} ({p.hardware}; torch {p.torch_version}{load})"]
     lines.append(f"fastest lossless configuration: {outcome.choice.describe()}")
     if outcome.decoded:
-        lines += ["", outcome.decoded[-1].text, ""]
+        chosen = outcome.decoded[1] if len(outcome.decoded) > 1 else outcome.decoded[0]
+        lines += ["", chosen.text, ""]
         base = outcome.decoded[0].result
+        fastest_ar = max(d.result.stats.tokens_per_second for d in outcome.decoded if d.label.startswith("greedy AR"))
         for d in outcome.decoded:
             s = d.result.stats
             same = "same tokens as greedy AR"
@@ -134,11 +144,14 @@ def report(outcome: ProfileOutcome) -> str:
                 first = next((i for i, (a, b) in enumerate(zip(d.result.tokens, base.tokens)) if a != b),
                              min(len(d.result.tokens), len(base.tokens)))
                 same = f"the same first {first} tokens as greedy AR, then they part"
-                if outcome.choice.dtype != "float32":
-                    same += (f" ({outcome.choice.dtype}: a multi-token verify rounds differently from a one-token step"
-                             " where two tokens nearly tie; with an fp32 target the tokens are identical)")
+                if d.label.startswith("greedy AR"):
+                    same += " (another precision of the target)"
+                elif outcome.choice.dtype == "bfloat16":
+                    same += (" (bfloat16: a multi-token verify rounds differently from a one-token step"
+                             " where two tokens nearly tie; with an fp32 or int8 target the tokens are identical)")
             lines.append(
-                f"{d.label}: {s.tokens_per_second:.2f} tok/s, {s.tokens_per_second / base.stats.tokens_per_second:.2f}x greedy AR"
+                f"{d.label}: {s.tokens_per_second:.2f} tok/s, {s.tokens_per_second / base.stats.tokens_per_second:.2f}x"
+                f" greedy AR of the same target, {s.tokens_per_second / fastest_ar:.2f}x the fastest AR"
                 f" ({s.new_tokens} tokens, mean accepted length {s.mean_accepted_length:.2f}; {same})"
             )
     return "\n".join(lines)

@@ -21,6 +21,7 @@ from .offline import (
     tokenizer_meta_from_provenance,
 )
 from .quantize import calibrate_outliers, quantize_linears
+from .row_attention import ROW_INVARIANT_ATTENTION
 from .spec import LoadedModel, ModelSpec
 from .tiny import build_tiny_model
 
@@ -40,6 +41,8 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         start = time.perf_counter()
         outliers = calibrate_outliers(loaded.model, loaded.tokenizer)
         quantize_linears(loaded.model, spec.quantization, outliers=outliers)
+        # Quantised layers amplify SDPA's block-vs-step rounding: rows computed as steps are.
+        loaded.model.config._attn_implementation = ROW_INVARIANT_ATTENTION
         logger.info("quantised %s to %s in %.1f s", spec.name, spec.quantization, time.perf_counter() - start)
     return loaded
 
