@@ -132,10 +132,10 @@ def test_eagle_gets_the_tier_options(tmp_path):
     target, head = _eagle_target(tmp_path)
     generator = vsd.build(target, vsd.EagleHead(head), routing=MASK, policy=(0.5, 0.5), rejudge=False,
                           max_unverified=5)
-    tree_path = generator.decoder.model
-    assert (tree_path.rejudge, tree_path.max_unverified, tree_path.policy.tau_slim) == (False, 5, 0.5)
-    assert tuple(tree_path.routing.skip_layers) == tuple(MASK.skip_layers) == (2,)
-    assert vsd.build(target, vsd.EagleHead(head), routing=MASK).decoder.model.rejudge is True
+    verifier = generator.decoder.verifier  # the TieredVerifier EAGLE's tree goes to
+    assert (verifier.rejudge, verifier.max_unverified, verifier.policy.tau_slim) == (False, 5, 0.5)
+    assert tuple(verifier.slim.model.mask.skip_layers) == tuple(MASK.skip_layers) == (2,)
+    assert vsd.build(target, vsd.EagleHead(head), routing=MASK).decoder.verifier.rejudge is True
 
 
 def test_a_verifier_eagle_cannot_run_is_refused_before_its_head_loads(pair, tmp_path):

@@ -165,10 +165,8 @@ def describe(decoder: Decoder) -> str:
     eagle = sys.modules.get("viasd_adapters.hosts.eagle")
     pearl = sys.modules.get("viasd_adapters.hosts.pearl")
     if eagle is not None and isinstance(decoder, eagle.EagleDecoder):
-        verifier = getattr(decoder, "verifier", None)
-        tiered = (getattr(verifier, "policy", None) if verifier is not None else decoder.model.policy) is not None
-        return "VIA-SD on EAGLE" if tiered else "EAGLE"
-    if pearl is not None and isinstance(decoder, pearl.PearlDecoder):
+        host = "EAGLE"
+    elif pearl is not None and isinstance(decoder, pearl.PearlDecoder):
         host = "PEARL"
     elif isinstance(decoder, SpeculativeDecoder):
         host = {PromptLookupDrafter: "prompt-lookup SD", CascadeDrafter: "Cascade SD"}.get(type(decoder.drafter), "SD")

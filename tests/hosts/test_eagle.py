@@ -32,18 +32,19 @@ from viasd_adapters.third_party.eagle import (  # noqa: E402
     save_head,
 )
 from viasd_adapters.hosts.eagle import (  # noqa: E402
-    DraftTree,
     EagleDecoder,
     TieredEagle,
     SHIPPED_HEADS,
     _parents,
-    decide_tree,
+    draft_tree,
 )
 from viasd_adapters.decode import AutoregressiveDecoder  # noqa: E402
 from viasd_adapters.models.vocab import DraftVocabulary, VocabularyDraftHead  # noqa: E402
 from viasd_adapters.routing import RoutingMask  # noqa: E402
 from viasd_adapters.sampling import Sampler, SamplingConfig  # noqa: E402
-from viasd_adapters.verify import ConfidencePolicy, Tier  # noqa: E402
+from viasd_adapters.verify import ConfidencePolicy, LosslessVerifier, Tier  # noqa: E402
+from viasd_adapters.verify.decision import SlimScores  # noqa: E402
+from viasd_adapters.verify.tree import DraftTree, decide_tree  # noqa: E402
 from viasd_adapters.configs import CONFIG_DIR  # noqa: E402
 
 PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
@@ -166,6 +167,67 @@ def test_tiered_with_a_routed_slim_verifier_runs_and_stops(tiny_pair):
     result = decoder.generate(PROMPT, 30, stop_token_ids=())
     assert result.stats.new_tokens == 30 == len(result.tokens)
     assert sum(result.stats.tier_counts.values()) > 0
+
+
+def test_eagle_and_sd_run_the_tiers_through_one_tiered_verifier_object(tiny_pair):
+    """The verifier SD gets is the one EAGLE's tree goes to: its tiers, room and counts, its slim view."""
+    from tests.conftest import perturbed
+    from viasd_adapters.decode import SpeculativeDecoder
+    from viasd_adapters.draft import ModelDrafter
+    from viasd_adapters.routing import SlimModel
+    from viasd_adapters.api import describe
+    from viasd_adapters.verify import TieredVerifier
+
+    _, target, head = tiny_pair
+    model = _target(tiny_pair)
+    ar = AutoregressiveDecoder(model).generate(PROMPT, 40).tokens
+    verifier = TieredVerifier(model, SlimModel(model, RoutingMask.none()), ConfidencePolicy(0.0, 0.0, 0.0),
+                              max_unverified=8)
+    eagle = EagleDecoder(target=model, head=head, verifier=verifier)
+    assert eagle.verifier is verifier
+    tree = eagle.generate(PROMPT, 40)
+    assert tree.tokens == ar  # u = q: lossless
+    assert tree.stats.model_calls["slim"] is verifier.stats["slim"] and verifier.stats["slim"].calls > 0
+    counts = tree.stats.tier_counts
+    assert counts[Tier.SLIM] > 0 and counts[Tier.ESCALATE] > 1  # u rewrites; the drift cap forces q now and then
+    assert sum(counts.values()) >= 40 and 0 < tree.stats.settled < tree.stats.steps
+    chain = SpeculativeDecoder(ModelDrafter(perturbed(model, 0.02)), verifier, num_draft_tokens=4).generate(PROMPT, 40)
+    assert chain.tokens == ar and chain.stats.tier_counts[Tier.SLIM] > 0 and chain.stats.settled > 0
+    stock = EagleDecoder(target=model, head=head)
+    assert (describe(eagle), describe(stock)) == ("VIA-SD on EAGLE", "EAGLE")
+    off = stock.generate(PROMPT, 40)
+    assert off.stats.settled == 0 and off.stats.steps > 0  # stock EAGLE: every round is the full model's
+
+
+def test_eagle_streams_and_truncates_at_the_context_window_like_the_other_loops(tiny_pair, monkeypatch, caplog):
+    _, target, head = tiny_pair
+    decoder = EagleDecoder(target=_target(tiny_pair), head=head, routing=RoutingMask.none(),
+                           policy=ConfidencePolicy(0.3, 0.0, 0.3))
+    chunks = []
+
+    class Recorder:
+        def put(self, ids):
+            chunks.append(ids.reshape(-1).tolist())
+
+        def end(self):
+            chunks.append("end")
+
+    out = decoder.generate(PROMPT, 25, streamer=Recorder())
+    assert chunks[0] == PROMPT[0].tolist() and chunks[-1] == "end"
+    assert sum(chunks[1:-1], []) == out.tokens and len(out.tokens) == 25
+    monkeypatch.setattr(decoder.model.config, "max_position_embeddings", PROMPT.shape[1] + 12)
+    with caplog.at_level("WARNING"):
+        assert len(decoder.generate(PROMPT, 40).tokens) == 12
+    assert "exceeds the context window" in caplog.text
+
+
+def test_tiers_on_eagle_llms_own_llama_are_refused_with_the_loader_to_use(tiny_pair):
+    if tiny_pair[0] != "llama":
+        pytest.skip("eagle-llm's own loader handles Llama only")
+    with pytest.raises(ValueError, match="backend='transformers'"):
+        TieredEagle(_stock(tiny_pair, "eagle"), routing=RoutingMask.none(), policy=ConfidencePolicy())
+    ea = _stock(tiny_pair, "eagle")
+    assert torch.equal(TieredEagle(ea).eagenerate(PROMPT, max_new_tokens=20), ea.eagenerate(PROMPT, max_new_tokens=20))
 
 
 def test_decoder_sampling_is_reproducible_and_leaves_global_rng_alone(tiny_pair):
@@ -302,16 +364,15 @@ def test_reduced_vocabulary_eagle_sampling_samples_the_target(peaked_eagle):
 
 # ----------------------------------------------------------------------------- decide_tree, by hand
 def _tree(tokens_per_node: list[int]) -> DraftTree:
+    """mc_sim_7b_63 with these tokens at its nodes (node 0 the root), as the adapter hands it on."""
     buffers = eagle_utils.generate_tree_buffers(mc_sim_7b_63, device="cpu")
-    paths = buffers["retrieve_indices"]
     nodes = torch.tensor(tokens_per_node)
-    ext = torch.cat([nodes, nodes.new_tensor([-1])])
-    return DraftTree(nodes, paths, ext[paths], _parents(paths, nodes.numel()))
+    return draft_tree(nodes[None], _parents(buffers["retrieve_indices"], nodes.numel()))
 
 
 def _u(tree: DraftTree, favourite: dict[int, tuple[int, float]], V: int = 50) -> torch.Tensor:
-    """[N, V]: at node n, token favourite[n][0] gets probability favourite[n][1], the rest is uniform."""
-    u = torch.full((tree.nodes.numel(), V), 1.0 / V)
+    """[N + 1, V]: at node n, token favourite[n][0] gets probability favourite[n][1], the rest is uniform."""
+    u = torch.full((len(tree) + 1, V), 1.0 / V)
     for n, (token, prob) in favourite.items():
         u[n] = (1 - prob) / (V - 1)
         u[n, token] = prob
@@ -325,7 +386,7 @@ GREEDY = Sampler(SamplingConfig())
 
 
 def _decide(tree, u, tau=0.9, room=16):
-    return decide_tree(ConfidencePolicy(tau, 0.0, tau), tree, u.log(), GREEDY, room)
+    return decide_tree(ConfidencePolicy(tau, 0.0, tau), tree, SlimScores.of(u.log(), GREEDY), GREEDY, room)
 
 
 def test_decide_tree_accepts_the_longest_agreeing_path():
@@ -335,7 +396,7 @@ def test_decide_tree_accepts_the_longest_agreeing_path():
     chosen = _decide(tree, u)
     assert chosen.decision.tier == Tier.ACCEPT and chosen.decision.num_accepted == 5
     assert chosen.decision.token is None  # u at the leaf is not confident: no bonus token
-    assert tree.paths[chosen.path, 1:].tolist() == [1, 5, 13, 21, 24]
+    assert (chosen.path + 1).tolist() == [1, 5, 13, 21, 24]  # draft n is node n + 1
 
 
 def test_decide_tree_adds_a_confident_bonus_token_within_the_drift_cap():
@@ -354,7 +415,7 @@ def test_decide_tree_slim_rewrite_after_the_accepted_prefix():
     u = _u(tree, {0: (12, 0.99), 2: (49, 0.95)})  # node 2 accepted; then u wants a token no child drafts
     chosen = _decide(tree, u)
     assert chosen.decision.tier == Tier.SLIM and chosen.decision.num_accepted == 1 and chosen.decision.token == 49
-    assert int(tree.paths[chosen.path, 1]) == 2
+    assert int(chosen.path[0]) + 1 == 2
 
 
 def test_decide_tree_escalates_an_uncertain_first_token():
@@ -368,16 +429,17 @@ def test_decide_tree_sampling_settles_tokens_distributed_as_u():
     the first token follows u at the root and the second, after a kept draft, u at that draft."""
     tree = _tree(NODES)
     V = 50
-    u = torch.softmax(torch.randn(tree.nodes.numel(), V, generator=torch.Generator().manual_seed(3)) * 1.5, -1)
+    u = torch.softmax(torch.randn(len(tree) + 1, V, generator=torch.Generator().manual_seed(3)) * 1.5, -1)
     u[0] = 0.3 / (V - 2)
     u[0, 11], u[0, 12] = 0.5, 0.2  # u's top at the root is drafted (node 1), as is its second (node 2)
     policy = ConfidencePolicy(0.0, 0.0, 0.0)  # u settles everything
     M = 3000
     first, second = torch.zeros(V), torch.zeros(V)
     for seed in range(M):
-        chosen = decide_tree(policy, tree, u.log(), Sampler(SamplingConfig(temperature=1.0, seed=seed)), 16)
+        sampler = Sampler(SamplingConfig(temperature=1.0, seed=seed))
+        chosen = decide_tree(policy, tree, SlimScores.of(u.log(), sampler), sampler, 16)
         d = chosen.decision
-        tokens = tree.candidates[chosen.path, 1 : d.num_accepted + 1].tolist() + [d.token]
+        tokens = tree.tokens[chosen.path[: d.num_accepted]].tolist() + [d.token]
         assert d.tier != Tier.ESCALATE and None not in tokens
         first[tokens[0]] += 1
         if tokens[0] == 11:
@@ -486,11 +548,11 @@ def test_eagle_bench_methods_take_the_verifier_routing_and_policy_groups(tiny_ra
     out = decoder.generate(ids, 30)
     assert (decoder.model.draft_head is not None) == (method == "eagle-vocab")  # the pair's draft vocabulary
     if method != "eagle-tiered":  # verifier=full: stock EAGLE, lossless (fp32: AR's tokens)
-        assert decoder.model.policy is None
+        assert isinstance(decoder.verifier, LosslessVerifier)
         assert out.tokens == AutoregressiveDecoder(pair.target.model).generate(ids, 30).tokens
     else:  # verifier=tiered: the pair's policy and routing mask drive the tree's tiers
-        assert decoder.model.policy == instantiate(cfg.policy)
-        assert decoder.model.routing.skip_layers == instantiate(cfg.routing).skip_layers != ()
+        assert decoder.verifier.policy == instantiate(cfg.policy)
+        assert decoder.verifier.slim.model.mask.skip_layers == instantiate(cfg.routing).skip_layers != ()
         assert out.stats.model_calls["slim"].calls > 0 and len(out.tokens) == 30
 
 
@@ -500,10 +562,10 @@ def test_framework_eagle_with_verifier_tiered_is_tiered_eagle(tiny_random_eagle)
 
     cfg, tiered = _eagle_decoder(tiny_random_eagle, "framework=eagle", "verifier=tiered",
                                  "verifier.max_unverified=5", "verifier.rejudge=false", "policy.tau_slim=0.5")
-    assert tiered.model.policy == instantiate(cfg.policy) and tiered.model.policy.tau_slim == 0.5
-    assert tiered.model.max_unverified == 5 and tiered.model.rejudge is False
+    assert tiered.verifier.policy == instantiate(cfg.policy) and tiered.verifier.policy.tau_slim == 0.5
+    assert tiered.verifier.max_unverified == 5 and tiered.verifier.rejudge is False
     _, full = _eagle_decoder(tiny_random_eagle, "framework=eagle", "verifier=full")
-    assert full.model.policy is None
+    assert isinstance(full.verifier, LosslessVerifier)
 
 
 @pytest.mark.parametrize("overrides, match", [

@@ -97,9 +97,9 @@ def test_a_closed_gate_skips_every_slim_pass_and_is_lossless_sd(pair):
 def test_eagle_refuses_a_gate_instead_of_ignoring_it(pair):
     from hydra.utils import instantiate
 
-    from viasd_adapters.hosts.eagle import tree_tiers
+    from viasd_adapters.hosts.eagle import EagleDecoder
 
     node = OmegaConf.merge(_verifier(0.5), {"gate": {"_target_": "viasd_adapters.verify.gate.DraftConfidenceGate"}})
     verifier = instantiate(node, target=pair.target.model)
-    with pytest.raises(ValueError, match="gate"):
-        tree_tiers(verifier, pair.target.model)
+    with pytest.raises(ValueError, match="does not honour the verifier's gate"):  # before any head loads
+        EagleDecoder(target=pair.target.model, head="no-head-needed", verifier=verifier)

@@ -42,18 +42,16 @@ from .head import (  # noqa: E402
 from .kv import BufferCache, KVBuffers, head_dim  # noqa: E402
 from .loading import BACKENDS, ea_model_from_target, load_ea_model  # noqa: E402
 from .transformers_base import TransformersEagleBase  # noqa: E402
-from .tree import EagleLlamaLayers, TransformersLayers, TreeLayers, layers_for, tree_mask_4d  # noqa: E402
+from .tree import TransformersLayers, tree_mask_4d  # noqa: E402
 
 __all__ = [
     "BACKENDS",
     "COMPACT_WEIGHTS",
     "FULL_WEIGHTS",
     "BufferCache",
-    "EagleLlamaLayers",
     "KVBuffers",
     "TransformersEagleBase",
     "TransformersLayers",
-    "TreeLayers",
     "build_head",
     "ea_model_from_target",
     "export_head",
@@ -62,7 +60,6 @@ __all__ = [
     "head_dim",
     "head_length",
     "is_head_folder",
-    "layers_for",
     "load_ea_model",
     "load_head_state",
     "read_config",

@@ -155,11 +155,11 @@ class SlimModel(nn.Module):
     # ------------------------------------------------------------------ what a runner reads
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.norm.weight.device  # not the head's: an int8 head has no dense weight
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        return self.norm.weight.dtype
 
     def get_output_embeddings(self) -> nn.Module:
         return self.lm_head
@@ -208,11 +208,15 @@ class SlimModel(nn.Module):
             hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
         return HiddenState(hidden, int(start), 0)
 
-    def run_layers(self, state: HiddenState, past_key_values: Cache | None, stop: int | None = None) -> HiddenState:
+    def run_layers(self, state: HiddenState, past_key_values: Cache | None, stop: int | None = None,
+                   tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> HiddenState:
         """Run this view's steps for decoder layers [state.next_layer, stop) (stop None: to the end).
 
         Each attention layer reads and extends `past_key_values` at its own (the target's) layer
         index; those layers must hold exactly `state.start` tokens (or the cache is None).
+        `tree`: (positions [T] long, attend [T, T] bool) of the T new tokens, for a draft tree
+        (`DraftTree.layout`): each attends to every cached token and to the new ones `attend`
+        marks, at its own position; None: causal, at positions start, start + 1, ...
         """
         stop = self.num_layers if stop is None else stop
         if not state.next_layer <= stop <= self.num_layers:
@@ -229,13 +233,17 @@ class SlimModel(nn.Module):
                     f"layer {s.layer}'s cache holds {past_key_values.get_seq_length(s.layer)} tokens, but the "
                     f"hidden states start at position {state.start}: crop or catch up the cache first"
                 )
-        cache_position = torch.arange(state.start, state.start + T, device=hidden.device)
-        position_ids = cache_position[None].expand(B, -1)
+        cache_position = torch.arange(state.start, state.start + T, device=hidden.device)  # the cache slots
+        position_ids = (cache_position if tree is None else tree[0].to(hidden.device))[None].expand(B, -1)
         rotary = {FULL: self.rotary_emb(hidden, position_ids)}
         if self.rotary_emb_local is not None:
             rotary[SLIDING] = self.rotary_emb_local(hidden, position_ids)
-        masks = self._masks(B, cache_position, kv_length=cached + T, kv_offset=state.start - cached,
-                            dtype=hidden.dtype, types={self._attention_types[s.layer] for s in steps})
+        types = {self._attention_types[s.layer] for s in steps}
+        if tree is None:
+            masks = self._masks(B, cache_position, kv_length=cached + T, kv_offset=state.start - cached,
+                                dtype=hidden.dtype, types=types)
+        else:
+            masks = dict.fromkeys(types, self._tree_mask(B, cached, tree[1].to(hidden.device), hidden.dtype, types))
         for s in steps:
             layer = self.layers[str(s.layer)]
             kind = self._attention_types[s.layer]
@@ -259,10 +267,19 @@ class SlimModel(nn.Module):
 
     def head(self, state: HiddenState, logits_to_keep: int | slice = 0) -> torch.Tensor:
         """Final norm and LM head over the last `logits_to_keep` positions (0: all) -> [B, m, V]."""
+        return self.logits(self.normed(state, logits_to_keep))
+
+    def normed(self, state: HiddenState, logits_to_keep: int | slice = 0) -> torch.Tensor:
+        """The final norm over the last `logits_to_keep` positions (0: all) -> [B, m, H]: the
+        features a feature-reading drafter (EAGLE's head) takes."""
         if state.next_layer != self.num_layers:
             raise ValueError(f"the hidden states are at layer {state.next_layer}: run_layers to the end first")
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(self.norm(state.hidden[:, keep]))  # [B, m, V]
+        return self.norm(state.hidden[:, keep])
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """The LM head over final-normed hidden states [B, m, H] -> [B, m, V]."""
+        logits = self.lm_head(normed)
         cap = getattr(self.config, "final_logit_softcapping", None) if self.family.logit_softcap else None
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
@@ -297,6 +314,21 @@ class SlimModel(nn.Module):
             )
         return masks
 
+    def _tree_mask(self, B: int, cached: int, attend: torch.Tensor, dtype: torch.dtype, types: set[str]):
+        """[B, 1, T, cached + T] mask of a tree forward: every cached token, then `attend` ([T, T])."""
+        if SLIDING in types:
+            raise NotImplementedError("a draft tree over sliding-window layers: the windowed tree mask is not written")
+        T = attend.shape[0]
+        allowed = torch.cat([attend.new_ones(T, cached), attend], dim=1)[None, None].expand(B, 1, -1, -1)
+        impl = self.config._attn_implementation
+        if impl == "sdpa":
+            return allowed
+        if impl == "eager":  # an additive mask
+            return torch.zeros(allowed.shape, dtype=dtype, device=attend.device).masked_fill(
+                ~allowed, torch.finfo(dtype).min)
+        raise ValueError(f"a draft tree needs an explicit attention mask: load the target with attn_implementation"
+                         f" 'sdpa' or 'eager', not {impl!r}")
+
     @staticmethod
     def _run_sub_blocks(layer: nn.Module, hidden: torch.Tensor, step: _Step, kwargs: dict) -> torch.Tensor:
         """A pre-norm layer with one sub-block skipped, from the layer's own submodules."""
@@ -306,3 +338,13 @@ class SlimModel(nn.Module):
         if step.mlp:
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return hidden
+
+
+def keep_positions(cache: Cache, start: int, positions: torch.Tensor) -> None:
+    """Keep the first `start` positions of every layer of `cache`, then those at `positions` ([n]
+    long, all >= start), in that order: the accepted path of a draft tree replaces the tree."""
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:  # a layer this view skips
+            continue
+        index = torch.cat([torch.arange(start, device=layer.keys.device), positions.to(layer.keys.device)])
+        layer.keys, layer.values = layer.keys[..., index, :], layer.values[..., index, :]

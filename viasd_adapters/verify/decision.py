@@ -1,7 +1,7 @@
 """One tier decision for chains and trees: what the slim verifier u settles in a block of drafts.
 
-`decide` is the only place where tiers become tokens. `TieredVerifier` calls it once per block;
-the EAGLE tree path calls it on root-to-leaf paths of its tree (`third_party/eagle.py`).
+`decide` is the only place where tiers become tokens. `TieredVerifier` calls it once per block,
+and once per draft tree on the root-to-leaf path u follows (`verify/tree.py`, `decide_tree`).
 
 Greedy: the policy's tiers (`TierPolicy.assign`); the first non-ACCEPT draft decides the block.
 Sampling: speculative sampling against u (Leviathan et al. 2023, with u in q's place) on the

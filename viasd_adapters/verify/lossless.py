@@ -12,6 +12,7 @@ from ..draft.base import DraftBlock
 from .acceptance import lossless_accept
 from .base import Verdict, Verifier
 from .policy import Tier
+from .tree import DraftTree, TreeJudge, TreeVerdict, judged
 
 
 class LosslessVerifier(Verifier):
@@ -44,3 +45,7 @@ class LosslessVerifier(Verifier):
         n = outcome.num_accepted
         tokens = torch.cat([draft.tokens[:n], draft.tokens.new_tensor([outcome.next_token])])
         return Verdict(tokens, n, K, {Tier.ESCALATE: n + 1})
+
+    def verify_tree(self, input_ids: torch.Tensor, tree: DraftTree, sampler: Sampler, judge: TreeJudge) -> TreeVerdict:
+        """A draft tree, judged by its host's lossless rule (`judge`) alone."""
+        return judged(judge.judge(input_ids, tree, sampler), tree)

@@ -10,6 +10,7 @@ from transformers import PreTrainedModel
 
 from ..draft.base import DraftBlock
 from ..routing.shared_prefix import SharedPrefixRunner
+from ..routing.slim import SlimModel
 from ..runner import CallStats, CausalLMRunner, common_prefix_length
 from ..sampling import Sampler
 from .acceptance import lossless_accept
@@ -17,6 +18,7 @@ from .base import Verdict, Verifier
 from .gate import BlockGate
 from .decision import SlimScores, decide
 from .policy import Tier, TierPolicy
+from .tree import DraftTree, TreeJudge, TreeVerdict, decide_tree, judged, keep_path, score_tree
 
 SlimFactory = Callable[[PreTrainedModel], nn.Module]
 
@@ -34,6 +36,9 @@ class TieredVerifier(Verifier):
     Greedy, the policy's thresholds pick the tiers; sampling, u judges the positions the policy
     lets it settle with speculative sampling, so those tokens follow u exactly and the rest q.
     With `policy=None` no slim forward runs and this is exactly `LosslessVerifier`.
+
+    A draft tree (`verify_tree`, EAGLE's) goes the same way: one slim forward over the tree, `decide`
+    on the path u follows, the tree's lossless judge (the host's) on escalation.
 
     With `share_prefix` and a routed slim view, the decoder layers [0, p) the two share run once,
     in the slim forward, and an escalation runs only the target's layers [p, L) and LM head over
@@ -98,6 +103,7 @@ class TieredVerifier(Verifier):
         self.max_unverified = max_unverified
         self.rejudge = rejudge
         self.gate = gate
+        self._refused_at = None  # the sequence length at which a tree round left the next position to q
 
     @property
     def vocab_size(self) -> int:
@@ -108,6 +114,7 @@ class TieredVerifier(Verifier):
         return self.target.context_length
 
     def reset(self) -> None:
+        self._refused_at = None
         if self.shared is not None:
             self.shared.reset()
             return
@@ -124,14 +131,22 @@ class TieredVerifier(Verifier):
         """Committed tokens the full model has not seen (the last one never is: it is fed next)."""
         return input_ids.shape[1] - 1 - common_prefix_length(self.target.cached_ids, input_ids[0])
 
+    def _slim_room(self, lag: int, tree: DraftTree) -> int:
+        """How far the slim tier may commit (`decide`'s room), 0 where it gets no pass at all."""
+        room = self.max_unverified - lag
+        if self.policy is None or len(tree) == 0 or room <= 0:  # nothing the slim tier could settle
+            return 0
+        if self.gate is not None and not any(  # it would escalate anyway
+                self.gate.use_slim(tree.tokens[path], tree.draft_probs(self.vocab_size)[path]) for path in tree.paths):
+            return 0
+        return room
+
     def verify(self, input_ids: torch.Tensor, draft: DraftBlock, sampler: Sampler) -> Verdict:
         K = len(draft)
         p = draft.draft_probs(self.vocab_size)  # [K, V]
         sequence = torch.cat([input_ids, draft.tokens[None]], dim=1)  # [1, T + K]
-        room = self.max_unverified - self.unverified_length(input_ids)
-        if self.policy is None or K == 0 or room <= 0:  # nothing the slim tier could settle
-            return self._escalate(sequence, draft, p, sampler, start=0)
-        if self.gate is not None and not self.gate.use_slim(draft.tokens, p):  # it would escalate anyway
+        room = self._slim_room(self.unverified_length(input_ids), DraftTree.chain(draft.tokens, p))
+        if room == 0:
             return self._escalate(sequence, draft, p, sampler, start=0)
 
         # 1. slim verify: one forward over the block; 2. tiers 1-2 (`decide`)
@@ -159,3 +174,44 @@ class TieredVerifier(Verifier):
         if start:
             counts[Tier.ACCEPT] = start
         return Verdict(tokens, n, K, counts, Tier.ESCALATE)
+
+    def verify_tree(self, input_ids: torch.Tensor, tree: DraftTree, sampler: Sampler, judge: TreeJudge) -> TreeVerdict:
+        """Judge a draft `tree` after `input_ids` ([1, T], committed); `judge` is the full model's side.
+
+        As `verify`, with two differences a tree's judge imposes: it judges a whole tree from the
+        root, so an escalation re-judges tier 1's drafts (greedy with `rejudge`), or else the drafts
+        tier 1 kept are committed now and the full model judges the next position, in the next
+        round's tree; and its caches are the host's (the lag is read from `judge.cached_length`).
+        """
+        T = input_ids.shape[1]
+        refused, self._refused_at = self._refused_at == T, None
+        room = 0 if refused else self._slim_room(T - 1 - judge.cached_length, tree)
+        if room == 0:
+            return judged(judge.judge(input_ids, tree, sampler), tree)
+        if not isinstance(self.slim.model, SlimModel) or self.shared is not None:
+            raise ValueError("a draft tree is verified by a routed view of the target (no share_prefix, no"
+                             " independent middle model)")
+
+        # 1. slim verify: one forward over the tree; 2. tiers 1-2 on the path u follows
+        u_logits, features = score_tree(self.slim, input_ids, tree)  # [N + 1, V], [1, N + 1, H]
+        chosen = decide_tree(self.policy, tree, SlimScores.of(u_logits, sampler), sampler, room)
+        decision = chosen.decision
+        n = decision.num_accepted
+        kept = chosen.path[:n]
+        rejudged = decision.tier == Tier.ESCALATE and (n == 0 or self.rejudge and sampler.config.greedy)
+        if not rejudged:
+            keep_path(self.slim, input_ids, tree, kept)
+            tokens = tree.tokens[kept]
+            if decision.token is not None:
+                tokens = torch.cat([tokens, tokens.new_tensor([decision.token])])
+            if decision.tier == Tier.ESCALATE:  # tier 1's drafts are kept (sampling: see `verify`)
+                self._refused_at = T + n
+                counts, last = {Tier.ACCEPT: n}, Tier.ACCEPT
+            else:
+                counts, last = decision.counts(), decision.last_tier
+            rows = torch.cat([kept.new_zeros(1), kept + 1])  # the last committed token's, then the kept drafts'
+            return TreeVerdict(tokens, n, tree.max_depth, counts, last, kept, features[:, rows])
+        # 3. escalate: the full model judges the whole tree; u's cache keeps the path it accepts
+        verdict = judged(judge.judge(input_ids, tree, sampler), tree)
+        keep_path(self.slim, input_ids, tree, verdict.path)
+        return verdict
