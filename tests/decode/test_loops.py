@@ -2,12 +2,14 @@ import pytest
 import torch
 
 from tests.conftest import exact_marginals, perturbed, tiny
+from tests.verify.statistics import P_MIN, POWER, chi_square_p, chi_square_power, sample_counts, total_variation
 from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
 from viasd_adapters.draft import ModelDrafter
 from viasd_adapters.sampling import SamplingConfig
-from viasd_adapters.verify import LosslessVerifier
+from viasd_adapters.verify import LosslessVerifier, acceptance
 
 PROMPT = torch.tensor([[72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100]])
+N_SAMPLED = 1500  # generations per statistical test
 
 
 def sd(draft_model, target_model, k=4):
@@ -46,22 +48,44 @@ def test_seeded_sampling_is_reproducible(tiny_target, tiny_draft):
     assert run(7) != run(8)
 
 
-def test_sd_sampling_reproduces_the_target_distribution():
-    """Statistical: the marginal of the 2nd sampled token under SD equals the target's."""
+def sampling_pair():
+    """A peaked 2-layer target and a draft that differs from it: sum min(p1, q1) = 0.37, so the first
+    draft is kept in about a third of the generations and recovered from the residual otherwise."""
     target = tiny(seed=0, num_layers=2, init_std=0.5).model
-    draft = perturbed(target, scale=0.1, seed=5)
-    N = 1500
-    q1, exact = exact_marginals(target, PROMPT, 2)  # [V] each: the 1st and 2nd token's marginals
-    p1 = exact_marginals(draft, PROMPT, 1)[0]
-    V = q1.numel()
-    decoder = sd(draft, target, k=3)
-    counts = torch.zeros(V)
-    for seed in range(N):
-        tokens = decoder.generate(PROMPT, 2, SamplingConfig(temperature=1.0, seed=seed)).tokens
-        counts[tokens[1]] += 1
-    assert exact.max() > 0.05 and (p1 - q1).abs().max() > 0.1  # the check has teeth
-    # 4.5 standard errors of a frequency at N = 1500 is at most 0.058
-    assert (counts / N - exact).abs().max() < 0.058
+    return target, perturbed(target, scale=0.02, seed=5)
+
+
+def test_sd_sampling_reproduces_the_target_distribution():
+    """Statistical: the first two sampled tokens under SD follow the target's exact marginals."""
+    target, draft = sampling_pair()
+    q, p = exact_marginals(target, PROMPT, 2), exact_marginals(draft, PROMPT, 2)  # [2, V] each
+    counts, results = sample_counts(sd(draft, target, k=3), PROMPT, q.shape[1], 2, N_SAMPLED)
+    drafted, accepted = sum(r.stats.drafted for r in results), sum(r.stats.accepted for r in results)
+    assert N_SAMPLED // 4 < accepted < drafted - N_SAMPLED // 4  # drafts were kept and rejected
+    for i in range(2):
+        assert chi_square_power(q[i], p[i], N_SAMPLED) > POWER  # it tells the target from the draft
+        assert chi_square_p(counts[i], q[i]) > P_MIN, (i, total_variation(counts[i], q[i]))
+
+
+def recover_from_q(draft_tokens, p, q, sampler):
+    """A lossy speculative step: the token after a rejection is drawn from q, not norm(max(0, q - p))."""
+    for i, x in enumerate(draft_tokens.tolist()):
+        if sampler.uniform() * float(p[i, x]) >= float(q[i, x]):
+            return i, sampler.draw(q[i])
+    return len(draft_tokens), None
+
+
+def test_the_statistical_check_rejects_a_lossy_sampler(monkeypatch):
+    """The check above, on SD with a classic bug: it over-weights the tokens the draft likes, and fails."""
+    target, draft = sampling_pair()
+    q1, p1 = exact_marginals(target, PROMPT, 1)[0], exact_marginals(draft, PROMPT, 1)[0]  # [V] each
+    kept = torch.minimum(p1, q1)
+    lossy = kept + (1 - kept.sum()) * q1  # the first token's marginal under the bug
+    assert chi_square_power(q1, lossy, N_SAMPLED) > POWER
+    monkeypatch.setattr(acceptance, "speculative_prefix", recover_from_q)
+    counts, _ = sample_counts(sd(draft, target, k=3), PROMPT, q1.numel(), 2, N_SAMPLED)  # the 1st token is drafted
+    assert chi_square_p(counts[0], q1) < P_MIN
+    assert chi_square_p(counts[0], lossy) > P_MIN  # it samples what the bug's math says
 
 
 def test_bad_input_raises_clear_errors(tiny_target, tiny_draft):

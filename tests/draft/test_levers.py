@@ -5,8 +5,9 @@ from collections import Counter
 import pytest
 import torch
 
-from tests.conftest import exact_marginals, perturbed, tiny
-from tests.decode.test_loops import PROMPT
+from tests.conftest import exact_marginals, perturbed
+from tests.decode.test_loops import N_SAMPLED, PROMPT, sampling_pair
+from tests.verify.statistics import P_MIN, POWER, chi_square_p, chi_square_power, sample_counts, total_variation
 from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
 from viasd_adapters.draft import ModelDrafter
 from viasd_adapters.models.quantize import Int8WeightLinear, quantized_copy
@@ -95,26 +96,21 @@ def test_reduced_vocabulary_sd_equals_ar_fp32(tiny_target, tiny_draft, size):
 
 def test_reduced_vocabulary_sampling_reproduces_the_target_distribution():
     """Statistical: with a proposal that is zero on most ids, SD still samples from q."""
-    target = tiny(seed=0, num_layers=2, init_std=0.5).model
-    draft = perturbed(target, scale=0.1, seed=5)
-    N = 1500
-    q1, exact = exact_marginals(target, PROMPT, 2)  # [V] the 1st and 2nd token's marginals
-    # Keep the 20 ids the draft likes most for the first token, minus the target's favourite:
+    target, draft = sampling_pair()
+    q = exact_marginals(target, PROMPT, 2)  # [2, V] the 1st and 2nd token's marginals
+    # Keep the 20 ids the draft likes most for the first token, minus the target's favourite 2nd:
     # q's most likely 2nd token can then only come from the residual.
     p1 = exact_marginals(draft, PROMPT, 1)[0]
-    kept = [i for i in p1.argsort(descending=True).tolist() if i != int(exact.argmax())][:20]
-    vocab = DraftVocabulary(kept, V)
-    decoder = SpeculativeDecoder(ModelDrafter(draft, vocabulary=vocab), LosslessVerifier(target), 3)
-    counts = torch.zeros(V)
-    for seed in range(N):
-        tokens = decoder.generate(PROMPT, 2, SamplingConfig(temperature=1.0, seed=seed)).tokens
-        counts[tokens[1]] += 1
-    outside = torch.ones(V, dtype=torch.bool)
-    outside[kept] = False
-    assert exact.max() > 0.05 and exact[outside].sum() > 0.1  # the check has teeth
-    assert exact[int(exact.argmax())] > 0.05 and not bool(~outside[int(exact.argmax())])
-    # 4.5 standard errors of a frequency at N = 1500 is at most 0.058
-    assert (counts / N - exact).abs().max() < 0.058
+    kept = [i for i in p1.argsort(descending=True).tolist() if i != int(q[1].argmax())][:20]
+    decoder = SpeculativeDecoder(ModelDrafter(draft, vocabulary=DraftVocabulary(kept, V)), LosslessVerifier(target), 3)
+    counts, results = sample_counts(decoder, PROMPT, V, 2, N_SAMPLED)
+    assert sum(r.stats.accepted for r in results) > N_SAMPLED // 20  # kept ids were accepted too
+    for i in range(2):
+        inside = torch.zeros(V)
+        inside[kept] = q[i, kept]
+        # power against a sampler that lost the ids the draft cannot propose
+        assert chi_square_power(q[i], inside / inside.sum(), N_SAMPLED) > POWER
+        assert chi_square_p(counts[i], q[i]) > P_MIN, (i, total_variation(counts[i], q[i]))
 
 
 def test_vocabulary_from_counts_ranks_by_count_then_id_and_pins_stop_tokens():
@@ -182,6 +178,7 @@ def test_all_levers_together_equal_ar_fp32(tiny_target, tiny_draft):
     drafter = ModelDrafter(tiny_draft, confidence_threshold=0.5, vocabulary=first_ids(200), quantize="int8-weight")
     out = SpeculativeDecoder(drafter, LosslessVerifier(tiny_target.model), 6).generate(PROMPT, 60)
     assert out.tokens == ar_tokens(tiny_target.model)
+    assert 0 < out.stats.accepted < out.stats.drafted  # both accept and reject paths ran
 
 
 def test_unknown_quantization_raises(tiny_draft):
