@@ -711,8 +711,12 @@ def test_smollm2_stock_loader_slim_off_identity_and_routed_tiers():
                                            add_generation_prompt=True, return_tensors="pt")
     stock = ea.eagenerate(ids, max_new_tokens=48)
     assert torch.equal(TieredEagle(ea).eagenerate(ids, max_new_tokens=48), stock)
-    tiered = TieredEagle(ea, routing=RoutingMask(skip_layers=(14,)), policy=ConfidencePolicy(0.9, 0.0, 0.9))
-    assert tiered.eagenerate(ids, max_new_tokens=48).shape[1] > ids.shape[1]
+    with pytest.raises(ValueError, match="backend='transformers'"):  # the slim view runs transformers layers
+        TieredEagle(ea, routing=RoutingMask(skip_layers=(14,)), policy=ConfidencePolicy(0.9, 0.0, 0.9))
+    routed = TieredEagle(load_ea_model(folder, head, dtype=torch.float32), routing=RoutingMask(skip_layers=(14,)),
+                         policy=ConfidencePolicy(0.9, 0.0, 0.9))
+    assert routed.eagenerate(ids, max_new_tokens=48).shape[1] > ids.shape[1]
+    assert routed.stats["slim"].calls > 0
 
 
 @pytest.mark.slow
