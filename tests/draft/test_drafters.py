@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from tests.conftest import tiny
-from tests.decode.test_loops import PROMPT
+from tests.conftest import exact_marginals, tiny
+from tests.decode.test_loops import N_SAMPLED, PROMPT, sampling_pair
+from tests.verify.statistics import P_MIN, POWER, chi_square_p, chi_square_power, sample_counts, total_variation
 from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
 from viasd_adapters.draft import CascadeDrafter, ModelDrafter, PromptLookupDrafter
 from viasd_adapters.sampling import Sampler, SamplingConfig
@@ -55,3 +56,21 @@ def test_cascade_sd_equals_ar(tiny_target, tiny_draft):
     assert out.tokens == ar.tokens
     assert 0 < out.stats.accepted < out.stats.drafted  # both accept and reject paths ran
     assert set(out.stats.model_calls) == {"draft", "target"}
+
+
+def test_lookup_sampling_reproduces_the_target_distribution():
+    """Statistical: a lookup draft is a point mass (p = one-hot), kept with probability q(x) and
+    otherwise recovered from q without x; the first two sampled tokens follow q's marginals."""
+    target, _ = sampling_pair()
+    # PROMPT's last token once before, followed by 208: lookup drafts 208 first, which q gives 0.41
+    prompt = torch.cat([torch.tensor([[100, 208]]), PROMPT], 1)
+    q = exact_marginals(target, prompt, 2)  # [2, V]
+    decoder = SpeculativeDecoder(PromptLookupDrafter(), LosslessVerifier(target), 3)
+    counts, results = sample_counts(decoder, prompt, q.shape[1], 2, N_SAMPLED)
+    drafted, accepted = sum(r.stats.drafted for r in results), sum(r.stats.accepted for r in results)
+    assert N_SAMPLED // 4 < accepted < drafted - N_SAMPLED // 4  # copies were kept and rejected
+    lossy = q[0] * (1 - q[0, 208])  # a lookup SD that recovered from q itself, 208 included
+    lossy[208] += q[0, 208]
+    assert chi_square_power(q[0], lossy, N_SAMPLED) > POWER
+    for i in range(2):
+        assert chi_square_p(counts[i], q[i]) > P_MIN, (i, total_variation(counts[i], q[i]))

@@ -1,17 +1,20 @@
 """Cheaper drafting (confidence stop, reduced vocabulary, int8 drafter): each lever is lossless."""
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
 
-from tests.conftest import exact_marginals, perturbed
+from tests.conftest import exact_marginals, perturbed, tiny
 from tests.decode.test_loops import N_SAMPLED, PROMPT, sampling_pair
+from tests.test_configs import compose_generate
 from tests.verify.statistics import P_MIN, POWER, chi_square_p, chi_square_power, sample_counts, total_variation
 from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
 from viasd_adapters.draft import ModelDrafter
 from viasd_adapters.models.quantize import Int8WeightLinear, quantized_copy
 from viasd_adapters.models.vocab import DraftVocabulary, ReducedHead, count_tokens
+from viasd_adapters.pipeline import ModelPair, build_decoder
 from viasd_adapters.sampling import Sampler, SamplingConfig
 from viasd_adapters.verify import LosslessVerifier
 
@@ -110,6 +113,25 @@ def test_reduced_vocabulary_sampling_reproduces_the_target_distribution():
         inside[kept] = q[i, kept]
         # power against a sampler that lost the ids the draft cannot propose
         assert chi_square_power(q[i], inside / inside.sum(), N_SAMPLED) > POWER
+        assert chi_square_p(counts[i], q[i]) > P_MIN, (i, total_variation(counts[i], q[i]))
+
+
+@pytest.mark.parametrize("framework", ["sd-fast", "sd-adaptive-int8"])
+def test_combined_configurations_sample_the_target_distribution(framework):
+    """Statistical: the shipped configuration, composed as the CLI does, on the peaked tiny pair:
+    the first two sampled tokens follow the target's exact marginals."""
+    target, draft = sampling_pair()
+    loaded = tiny(seed=0, num_layers=2, init_std=0.5)
+    pair = ModelPair(replace(loaded, model=target), replace(loaded, model=draft))
+    cfg = compose_generate("model_pair=tiny-random", "runtime.dtype=float32", "runtime.draft_dtype=float32",
+                           f"framework={framework}")
+    decoder = build_decoder(cfg.framework, cfg.verifier, pair)
+    q, p = exact_marginals(target, PROMPT, 2), exact_marginals(draft, PROMPT, 2)  # [2, V] each
+    counts, results = sample_counts(decoder, PROMPT, V, 2, N_SAMPLED)
+    drafted, accepted = sum(r.stats.drafted for r in results), sum(r.stats.accepted for r in results)
+    assert N_SAMPLED // 4 < accepted < drafted - N_SAMPLED // 4  # drafts were kept and rejected
+    for i in range(2):
+        assert chi_square_power(q[i], p[i], N_SAMPLED) > POWER  # it tells the target from the draft
         assert chi_square_p(counts[i], q[i]) > P_MIN, (i, total_variation(counts[i], q[i]))
 
 
