@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers.generation.streamers import BaseStreamer
 
+from tests.conftest import import_or_skip_outside_ci
 from tests.decode.test_loops import PROMPT
 from tests.test_configs import compose_generate
 from viasd_adapters.decode import AutoregressiveDecoder, GenerationResult
@@ -46,7 +47,7 @@ class Recorder(BaseStreamer):
 @pytest.fixture(scope="module")
 def eagle_files(tiny_pair, tmp_path_factory):
     """Overrides giving the tiny target a random EAGLE head and a tokenizer folder."""
-    pytest.importorskip("eagle.model.utils")
+    import_or_skip_outside_ci("eagle.model.utils")
     from viasd_adapters.third_party.eagle import build_head, head_config, save_head
 
     root = tmp_path_factory.mktemp("contract-eagle")

@@ -12,10 +12,10 @@ import transformers
 from hydra import compose, initialize_config_dir
 from hydra.errors import InstantiationException
 
-from tests.conftest import exact_marginals, tiny
+from tests.conftest import exact_marginals, import_or_skip_outside_ci, tiny
 from tests.verify.statistics import P_MIN, chi_square_p
 
-eagle_utils = pytest.importorskip("eagle.model.utils")
+eagle_utils = import_or_skip_outside_ci("eagle.model.utils")
 
 from eagle.model.choices import mc_sim_7b_63  # noqa: E402
 from eagle.model.ea_model import EaModel  # noqa: E402
