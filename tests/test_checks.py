@@ -74,11 +74,10 @@ def test_good_settings_pass(overrides):
     check_config(composed("generate", overrides), overrides)
 
 
-def test_every_shipped_method_passes(tmp_path, monkeypatch):
-    """The profile-driven methods need this machine's latency profile to exist; a fresh machine
-    has none, so the check reads flat placeholder costs (what it checks is the configs, not speed)."""
-    import pathlib
-
+@pytest.fixture
+def placeholder_profile(tmp_path, monkeypatch):
+    """The profile-driven methods (sd-adaptive, auto) need this machine's latency profile to exist; a
+    fresh machine has none, so the checks read flat placeholder costs (they check configs, not speed)."""
     import torch
 
     from viasd_adapters.profile import LatencyEntry, LatencyProfile, default_profile_path
@@ -88,8 +87,13 @@ def test_every_shipped_method_passes(tmp_path, monkeypatch):
     LatencyProfile(entries=[
         LatencyEntry(model, dtype, threads, 256, n, 100.0 + n)
         for model in ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
-        for dtype in ("bfloat16", "bfloat16+int8-weight") for n in (1, 16)
+        for dtype in ("float32", "bfloat16", "bfloat16+int8-weight") for n in (1, 16)
     ]).save(default_profile_path())
+
+
+def test_every_shipped_method_passes(placeholder_profile):
+    import pathlib
+
     methods = sorted(p.stem for p in (pathlib.Path(CONFIG_DIR) / "method").glob("*.yaml"))
     check_config(composed("bench", [f"method=[{','.join(methods)}]"]), [])
 
@@ -116,7 +120,7 @@ def _options(group: str) -> list[str]:
     return sorted(p.stem for p in (pathlib.Path(CONFIG_DIR) / group).glob("*.yaml"))
 
 
-def test_the_refused_framework_verifier_pairs_are_exactly_these():
+def test_the_refused_framework_verifier_pairs_are_exactly_these(placeholder_profile):
     refused = {}
     for framework in _options("framework"):
         for verifier in _options("verifier"):

@@ -53,7 +53,8 @@ import numpy as np
 import torch
 from scipy.optimize import nnls
 
-from .decode.schedule import DraftCosts, best_draft_length, expected_speedup
+from .decode.schedule import AdaptiveDraftLength, DraftCosts, best_draft_length, expected_speedup
+from .draft import ModelDrafter
 from .hardware import cpu_info, device_label, synchronize
 
 logger = logging.getLogger(__name__)
@@ -689,3 +690,48 @@ def choose_configuration(
             " run viasd-profile for this pair and thread count"
         )
     return best
+
+
+# ----------------------------------------------------------------------------- method=auto
+DRAFTER_QUANTIZATIONS = ("int8-weight",)  # the drafter variants `auto` weighs beside the plain draft
+
+
+def chosen_draft_variant(draft: str, target: str, dtype: str, draft_dtype: str, device: str = "cpu",
+                         profile_path: str | None = None, acceptance: float = 0.6, k_max: int = 8,
+                         context: int = 256) -> str:
+    """The drafter the latency profile chooses for this target precision at this thread count:
+    `draft_dtype` or one of its quantised variants. Where no drafting pays (the choice is AR), the
+    cheapest draft, which `profiled_draft_length` then leaves idle (K = 0) until acceptance rises."""
+    try:
+        profile = load_profile(profile_path, device)
+    except FileNotFoundError as error:
+        raise FileNotFoundError(f"method=auto runs what this machine's latency profile chooses: {error}") from error
+    threads = torch.get_num_threads()
+    variants = [v for v in (draft_dtype, *(f"{draft_dtype}+{q}" for q in DRAFTER_QUANTIZATIONS))
+                if profile.has(draft, v, threads)]
+    choice = choose_configuration(profile, draft, target, acceptance, threads, dtypes=[dtype],
+                                  draft_dtypes=variants, k_max=k_max, context=context)
+    if choice.framework == "sd":
+        return choice.draft_dtype
+    if not variants:
+        raise KeyError(f"the latency profile has no entry for the draft {draft} in {draft_dtype} at {threads}"
+                       " thread(s): run viasd-profile for this pair")
+    return min(variants, key=lambda v: profile.ms(draft, v, threads, 1, context))
+
+
+class ProfiledDrafter(ModelDrafter):
+    """A `ModelDrafter` of `model` running the variant `chosen_draft_variant` picks."""
+
+    def __init__(self, model, draft: str, target: str, dtype: str, draft_dtype: str, device: str = "cpu",
+                 profile_path: str | None = None, **drafter_settings):
+        variant = chosen_draft_variant(draft, target, dtype, draft_dtype, device, profile_path)
+        super().__init__(model, quantize=split_variant(variant)[1], **drafter_settings)
+
+
+def profiled_draft_length(draft: str, target: str, dtype: str, draft_dtype: str, device: str = "cpu",
+                          profile_path: str | None = None, k_min: int = 0, **schedule_settings):
+    """`AdaptiveDraftLength` on the chosen drafter's costs; K may be 0 (a greedy AR step) where
+    no block pays at the acceptance observed."""
+    variant = chosen_draft_variant(draft, target, dtype, draft_dtype, device, profile_path)
+    return AdaptiveDraftLength.from_profile(draft, target, dtype, variant, profile_path=profile_path, device=device,
+                                            k_min=k_min, **schedule_settings)
