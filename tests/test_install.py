@@ -8,6 +8,7 @@ directory outside the repository.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.metadata
 import os
@@ -28,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 SCRIPTS = PYPROJECT["project"]["scripts"]
 SOURCE_TREES = ("viasd_adapters", "conf", "third_party")  # what the wheel is built from
+EXTRAS = PYPROJECT["project"]["optional-dependencies"]
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +62,10 @@ def _setuptools_version() -> tuple[int, ...]:
         return (0,)
 
 
-def run_installed(installed, *argv: str, script: str | None = None) -> str:
-    env = {**os.environ, "PYTHONPATH": str(installed["site"]), "VIASD_CONFIG_DIR": str(installed["user"]),
+def run_installed(installed, *argv: str, script: str | None = None, hidden: Path | None = None) -> str:
+    """Run the installed command (or python with `argv`); `hidden`: a folder searched first."""
+    path = os.pathsep.join(str(p) for p in (hidden, installed["site"]) if p)
+    env = {**os.environ, "PYTHONPATH": path, "VIASD_CONFIG_DIR": str(installed["user"]),
            "VIASD_CACHE": str(installed["work"] / "cache")}
     command = [str(installed["site"] / "bin" / script), *argv] if script else [sys.executable, *argv]
     done = subprocess.run(command, cwd=installed["work"], env=env, capture_output=True, text=True, timeout=300)
@@ -136,6 +140,66 @@ def test_search_then_generate_with_its_mask_from_another_directory(installed):
     out = run_installed(installed, "model_pair=tiny-random", "framework=sd", "verifier=tiered", "routing=tiny-found",
                         "max_new_tokens=6", "prompt=Hello", script="viasd-generate")
     assert "new tokens 6" in out and "slim" in out  # the slim verifier ran
+
+
+def _distribution(requirement: str) -> str:
+    """The normalised distribution name of a requirement string ("PyYAML>=6" -> "pyyaml")."""
+    return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement).group()).lower()
+
+
+def _imported_modules() -> dict[str, set[str]]:
+    """Top-level third-party module -> the source files that import it (absolute imports only)."""
+    modules: dict[str, set[str]] = {}
+    for tree in SOURCE_TREES:
+        for path in (REPO / tree).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top not in sys.stdlib_module_names and top != "viasd_adapters":
+                        modules.setdefault(top, set()).add(str(path.relative_to(REPO)))
+    return modules
+
+
+def _installed_without_deps() -> set[str]:
+    """What `make setup` installs with --no-deps (their own pins are unusable): declared there instead."""
+    line = re.search(r"install --no-deps (.+)", (REPO / "Makefile").read_text()).group(1)
+    return {_distribution(spec) for spec in line.split()}
+
+
+def test_every_imported_distribution_is_declared():
+    """The wheel test installs with --no-deps, so this is what catches an undeclared dependency."""
+    declared = {_distribution(r) for r in PYPROJECT["project"]["dependencies"]}
+    declared |= {_distribution(r) for extra in EXTRAS.values() for r in extra}
+    declared |= _installed_without_deps()
+    owners = importlib.metadata.packages_distributions()
+    undeclared = [f"{module} ({', '.join(owners.get(module, ['not installed']))}), imported by {sorted(files)[:3]}"
+                  for module, files in sorted(_imported_modules().items())
+                  if not {_distribution(d) for d in owners.get(module, [])} & declared]
+    assert not undeclared, "declared nowhere in pyproject.toml (dependencies or an extra):\n" + "\n".join(undeclared)
+
+
+def test_every_command_loads_without_the_extras(installed, tmp_path):
+    """Only the core dependencies are imported when a command loads: an extra's modules (plots,
+    task metrics, eagle-llm) are imported where they are used."""
+    optional = {_distribution(r) for extra in EXTRAS.values() for r in extra} | _installed_without_deps()
+    owners = importlib.metadata.packages_distributions()
+    hidden = [m for m in _imported_modules() if {_distribution(d) for d in owners.get(m, [])} <= optional]
+    assert {"matplotlib", "eagle"} <= set(hidden)
+    for module in hidden:  # a package that raises as a missing one does when imported
+        (tmp_path / module).mkdir()
+        (tmp_path / module / "__init__.py").write_text(f"raise ModuleNotFoundError('{module} is hidden', name='{module}')\n")
+    program = ("from importlib.metadata import distribution\n"
+               "for ep in distribution('viasd-adapters').entry_points:\n"
+               "    ep.load()\n"
+               "    print('@@', ep.name)\n")
+    out = run_installed(installed, "-c", program, hidden=tmp_path)
+    assert sorted(re.findall(r"@@ (\S+)", out)) == sorted(SCRIPTS)
 
 
 def test_every_console_script_describes_itself(installed):

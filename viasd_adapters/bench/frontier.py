@@ -21,6 +21,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from .plots import pyplot
+
 # Quality metric -> factor that turns it into points (0-100).
 POINTS = {"bleu": 1.0, "rouge_l": 100.0, "math_accuracy": 100.0, "pass@1": 100.0}
 VIA_SD = "VIA-SD"
@@ -368,10 +370,7 @@ def frontier_plots(summaries: list[PointSummary], out_dir: Path, subtitle: str =
     """speed_quality.png (speedup vs AR) and rejection_quality.png (rejection rate), each against two
     quality measures: token agreement with AR, and the worst task-metric gap to AR in points.
     One curve per family, its points joined in sweep order and labelled with their parameter."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     ref = next((s for s in summaries if s.name == baseline), None)
     quality = [("token agreement with AR (mean)", lambda p: p.agreement)]

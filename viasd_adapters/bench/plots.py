@@ -4,15 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
-
-from .report import group, mean, median, pooled_tier_shares, tier_names, values_of  # noqa: E402
+from .report import group, mean, median, pooled_tier_shares, tier_names, values_of
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 TIER_COLORS = {"accept": "#4c9f70", "slim": "#e0a030", "full": "#4a6fa5"}
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, imported only when a picture is drawn: the `bench`
+    extra is needed for plots, not to load the commands."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _methods(records: list[dict]) -> list[str]:
@@ -40,6 +46,7 @@ def speedup_vs_quality(records: list[dict], path: Path) -> Path:
         if metric:
             panels.append((f"{metric} ({category})", rs, "quality"))
     methods = _methods(records)
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
     for ax, (title, rs, key) in zip(axes[0], panels):
         for k, method in enumerate(methods):
@@ -70,6 +77,7 @@ def tier_shares(records: list[dict], path: Path) -> Path:
     colors = {t: TIER_COLORS.get(t, f"C{4 + k}") for k, t in enumerate(tiers)}
     categories = list(dict.fromkeys(r["category"] for r in records))
     methods = [m for m in _methods(records) if any(r["tier_counts"] for r in records if r["method"] == m)]
+    plt = pyplot()
     if not methods:
         fig, ax = plt.subplots(figsize=(6.5, 3.0))
         ax.text(0.5, 0.5, "no method drafted: no tier decisions", ha="center", va="center")

@@ -8,6 +8,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..bench.plots import pyplot
 from ..routing import RoutingMask, format_layers
 from .dimr import PHASES, SearchResult
 from .greedy import GreedyStep, Sensitivity
@@ -37,10 +38,7 @@ def random_summary(metrics: list[MaskMetrics]) -> dict:
 
 
 def plot_best_cost(result: SearchResult, path: Path, title: str, greedy: MaskMetrics | None = None) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     cost = result.config.cost
     fig, ax = plt.subplots(figsize=(7, 4))
