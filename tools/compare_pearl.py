@@ -14,7 +14,7 @@ Decoders, as NAME[@THREADS]:
   tiered-sd@N     SD with TieredVerifier (slim = target minus --skip-layers)
 
 Example (bf16, 5 prompts, 64 tokens):
-  python tools/compare_pearl.py --prompts 5 --decoders ar@2,ar@1,sd@2,pearl,pearl-thread
+  python tools/compare_pearl.py --questions question.jsonl --prompts 5 --decoders ar@2,ar@1,sd@2,pearl,pearl-thread
 """
 
 from __future__ import annotations
@@ -34,9 +34,6 @@ from viasd_adapters.models import ModelSpec, load_model
 from viasd_adapters.pipeline import encode_prompt
 from viasd_adapters.routing import RoutingMask, SlimModel
 from viasd_adapters.verify import ConfidencePolicy, LosslessVerifier, TieredVerifier
-
-QUESTIONS = Path("/work/shared/data/spec_bench/question.jsonl")
-
 
 def load_prompts(path: Path, count: int, offset: int) -> list[dict]:
     """`count` questions spread over the file (every len/count-th), first turn only."""
@@ -100,6 +97,7 @@ def build(spec: str, draft, target, args):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--questions", type=Path, required=True, help="Spec-Bench's question.jsonl (or a file of its shape)")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--dtype", default="bfloat16", help="target dtype (defines the output)")
@@ -125,10 +123,10 @@ def main() -> None:
     specs = args.decoders.split(",")
     decoders = {spec: build(spec, draft, target, args) for spec in specs}
     if args.ids:
-        every = {p["id"]: p for p in load_prompts(QUESTIONS, 10**6, 0)}
+        every = {p["id"]: p for p in load_prompts(args.questions, 10**6, 0)}
         prompts = [every[i] for i in args.ids]
     else:
-        prompts = load_prompts(QUESTIONS, args.prompts, args.offset)
+        prompts = load_prompts(args.questions, args.prompts, args.offset)
     stop = target_loaded.stop_token_ids
     encoded = [encode_prompt(target_loaded, p["text"]) for p in prompts]
 

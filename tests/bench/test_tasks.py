@@ -14,10 +14,8 @@ from viasd_adapters.bench.tasks import HumanEvalTask, JsonlTask, Prompt, read_pr
 from viasd_adapters.configs import CONFIG_DIR
 from viasd_adapters.prompts import DEFAULT, PROMPTS_DIR
 
-# Spec-Bench's question.jsonl, where this machine has a copy (tests only; the package never needs it).
-SPEC_BENCH = next((p for p in [os.environ.get("VIASD_SPEC_BENCH"),
-                               Path(__file__).resolve().parents[2].parent / "shared/data/spec_bench/question.jsonl",
-                               "/work/shared/data/spec_bench/question.jsonl"] if p and Path(p).is_file()), None)
+# Spec-Bench's question.jsonl, where VIASD_SPEC_BENCH names a copy (tests only; the package never needs it).
+SPEC_BENCH = os.environ.get("VIASD_SPEC_BENCH") if Path(os.environ.get("VIASD_SPEC_BENCH", "")).is_file() else None
 
 
 def write(tmp_path, rows, name="prompts.jsonl"):

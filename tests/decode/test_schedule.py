@@ -13,7 +13,7 @@ from viasd_adapters.verify import LosslessVerifier
 
 from .test_loops import PROMPT
 
-# Costs in units of one target step, from the measurements quoted in issue 12 (2 threads):
+# Costs in units of one target step, measured with 2 threads on two CPUs:
 # Intel AMX, bf16: 1.5B 216 / 223 / 242 ms for 1 / 8 / 16 tokens, 0.5B draft 101 ms;
 # AMD Zen 3, bf16: 1.5B 287 / 832 / 1530 / 2756 ms for 1 / 4 / 8 / 16 tokens, 0.5B 98 ms.
 AMX = DraftCosts(101 / 216, tuple(1 + (223 / 216 - 1) * (n - 1) / 7 for n in range(1, 10)))

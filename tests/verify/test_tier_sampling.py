@@ -47,8 +47,8 @@ def sample(decoder, steps: int, temperature: float = 1.0):
 
 @pytest.mark.parametrize("draft_kind", ["target", "perturbed"])
 def test_tiers_with_a_perfect_slim_verifier_sample_the_target(target, draft_kind):
-    """u = q: whatever the tiers settle, the output is distributed as the target's (issue 11: the
-    old rule gave the top first token 0.64 against the target's 0.39 with draft = slim = target)."""
+    """u = q: whatever the tiers settle, the output is distributed as the target's (an earlier
+    rule gave the top first token 0.64 against the target's 0.39 with draft = slim = target)."""
     draft = target if draft_kind == "target" else perturbed(target, scale=0.1, seed=5)
     verifier = TieredVerifier(target, target, ConfidencePolicy(tau_accept=0.3, tau_slim=0.3))
     counts, tiers = sample(SpeculativeDecoder(ModelDrafter(draft), verifier, 3), steps=3)
