@@ -25,12 +25,6 @@ FRAMEWORKS = ["ar", "sd", "lookup", "cascade", "pearl", "eagle"]
 SAMPLED = SamplingConfig(temperature=1.0, seed=7)
 
 
-def frameworks_with_eagle_pending(check: str):
-    """FRAMEWORKS, with EAGLE's case of a check its adapter is being brought under allowed to fail."""
-    return [*(name for name in FRAMEWORKS if name != "eagle"),
-            pytest.param("eagle", marks=pytest.mark.xfail(reason=f"EagleDecoder {check}", strict=False))]
-
-
 class Recorder(BaseStreamer):
     """transformers' streamer protocol, recorded: each `put` as a list, then "end"."""
 
@@ -111,7 +105,7 @@ def test_budget_and_stop_token_end_the_generation(decoders, ar_tokens, name):
     assert out.tokens == ar_tokens[: first + 1] and out.stats.new_tokens == first + 1
 
 
-@pytest.mark.parametrize("name", frameworks_with_eagle_pending("streams"))
+@pytest.mark.parametrize("name", FRAMEWORKS)
 def test_streamer_gets_the_prompt_then_exactly_the_committed_tokens(decoders, ar_tokens, name):
     stop = ar_tokens[12]  # mid-block for the speculative loops: what follows it is never streamed
     for stop_token_ids in ((), (stop,)):
@@ -123,7 +117,7 @@ def test_streamer_gets_the_prompt_then_exactly_the_committed_tokens(decoders, ar
     assert out.tokens[-1] == stop and len(out.tokens) < 30
 
 
-@pytest.mark.parametrize("name", frameworks_with_eagle_pending("warns and truncates at the context window"))
+@pytest.mark.parametrize("name", FRAMEWORKS)
 def test_a_prompt_near_the_context_window_is_truncated_with_a_warning(decoders, tiny_target, name, caplog):
     room = 6
     prompt = torch.randint(0, 256, (1, tiny_target.context_length - room), generator=torch.Generator().manual_seed(0))
