@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import tiny_pair_config  # noqa: F401  (the tiny pair's config, as the CLIs compose it)
 from tests.test_configs import compose_generate
 from viasd_adapters.cli.generate import run
 from viasd_adapters.profile import LatencyEntry, LatencyProfile, chosen_draft_variant, default_profile_path

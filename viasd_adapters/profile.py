@@ -709,13 +709,13 @@ def chosen_draft_variant(draft: str, target: str, dtype: str, draft_dtype: str, 
     threads = torch.get_num_threads()
     variants = [v for v in (draft_dtype, *(f"{draft_dtype}+{q}" for q in DRAFTER_QUANTIZATIONS))
                 if profile.has(draft, v, threads)]
+    if not variants:
+        raise KeyError(f"the latency profile has no entry for the draft {draft} in {draft_dtype} at {threads}"
+                       " thread(s): run viasd-profile for this pair")
     choice = choose_configuration(profile, draft, target, acceptance, threads, dtypes=[dtype],
                                   draft_dtypes=variants, k_max=k_max, context=context)
     if choice.framework == "sd":
         return choice.draft_dtype
-    if not variants:
-        raise KeyError(f"the latency profile has no entry for the draft {draft} in {draft_dtype} at {threads}"
-                       " thread(s): run viasd-profile for this pair")
     return min(variants, key=lambda v: profile.ms(draft, v, threads, 1, context))
 
 

@@ -4,9 +4,9 @@ draft copies.
 * "int8" (`runtime.dtype=int8`, `runtime.draft_dtype=int8`): W8A8. Weights int8 per output
   channel; activations quantised at run time per row (token), so a row's output never depends on
   the other rows fed with it: a batched verify computes what one-token steps compute, and SD on
-  the int8 target reproduces int8 AR (docs/int8.md). fbgemm's dynamic int8 GEMM multiplies; its
-  cost is nearly flat from 1 to 16 rows on AVX2 and on AMX, where bf16 and fp32 grow with rows on
-  CPUs without AVX-512 BF16. Everything but the linear layers computes in fp32.
+  the int8 target reproduces int8 AR (docs/int8.md). fbgemm's dynamic int8 GEMM multiplies: on
+  CPUs without AVX-512 BF16 it is the cheapest kernel at every row count and grows far slower with
+  rows than bf16 does (measured in docs/int8.md). Everything but the linear layers computes in fp32.
 * A drafter's precision never changes a lossless output (the target decides every token), only
   how often its drafts are accepted; docs/drafting.md has the measured cost and acceptance of the
   draft-only variants below.
@@ -190,7 +190,7 @@ CALIBRATION_TEXT = (
     "Translate into German: The weather will improve tomorrow afternoon.\n"
     "Q: Which planet has the shortest year? A: Mercury, at about 88 Earth days.\n"
 )
-OUTLIER_SHARE = 1 / 64  # input channels per linear layer given their own group (down_proj: 140 of 8960)
+OUTLIER_SHARE = 1 / 64  # of each down_proj's input channels given their own group (140 of 8960)
 
 
 @torch.no_grad()
