@@ -68,13 +68,14 @@ class TransformersEagleBase(nn.Module):
         self.lm_head = model.get_output_embeddings()
         self.config = model.config
 
+    # The target's, not the head's weight: a quantised head keeps no dense weight to ask.
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        return self.target.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.target.device
 
     def forward(self, input_ids, past_key_values=None, position_ids=None, **unused):
         """Logits of every position (eagle-llm's `naive_generate` calls the base model this way)."""

@@ -305,7 +305,7 @@ class TieredEagle(nn.Module):
         key = tuple(tuple(c) for c in tree_choices)
         if key != self._tree_key:
             buffers = generate_tree_buffers(tree_choices, device=device)
-            buffers["retrieve_indices_head"] = buffers["retrieve_indices"].to(self.ea.base_model.lm_head.weight.device)
+            buffers["retrieve_indices_head"] = buffers["retrieve_indices"].to(self.ea.base_model.device)
             buffers["parents"] = _parents(buffers["retrieve_indices"], buffers["tree_indices"].numel())
             # the head grows this tree too (eagle-llm's head keeps mc_sim_7b_63's layout otherwise)
             buffers["head"] = head_tree_buffers(tree_choices, device=self.ea.ea_layer.embed_tokens.weight.device)
@@ -318,7 +318,7 @@ class TieredEagle(nn.Module):
         if B != 1:
             raise ValueError(f"EAGLE decodes one prompt at a time, got batch size {B}")
         base = self.ea.base_model
-        device = base.lm_head.weight.device
+        device = base.device
         buffers = self._tree_layout(tree_choices, device)
         N, D = buffers["tree_indices"].numel(), buffers["retrieve_indices"].shape[1] - 1
         logits_processor = None
@@ -331,7 +331,7 @@ class TieredEagle(nn.Module):
         max_length = T + max_new_tokens + lag + 2 * (N + D + 1)
         self._stats = {"target": CallStats(), "eagle_head": CallStats()}
         self.verifier.reset()
-        g_full = KVBuffers(config, range(int(config.num_hidden_layers)), max_length, base.lm_head.weight.dtype, device)
+        g_full = KVBuffers(config, range(int(config.num_hidden_layers)), max_length, base.dtype, device)
 
         with tree_growth(self.ea.ea_layer, tree_choices, buffers["head"], self.draft_head):
             # 0. prefill: the target reads the prompt, picks the root, the head grows the first tree
