@@ -1,5 +1,6 @@
 """Bad settings fail before any model loads, with a message that names the fix (viasd_adapters.checks)."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -51,6 +52,9 @@ BAD = [  # (command, overrides, what the error must say)
     ("generate", ["framework=pearl", "framework.decoder.backend=gpu"], "backend must be one of"),
     ("generate", ["framework=lookup", "framework.drafter.min_ngram=0"], "min_ngram"),
     ("generate", ["verifier=faster-cascade", "verifier.alpha=-1"], "alpha must be >= 0"),
+    ("generate", ["model_pair=tiny-random", "framework=llama-cpp"], "'tiny-random' is not an offline zoo model"),
+    ("generate", ["framework=llama-cpp", "framework.decoder.n_ctx=0"], "n_ctx must be >= 1"),
+    ("generate", ["framework=llama-cpp", "verifier=tiered"], "framework=llama-cpp .* takes no verifier"),
     ("bench", ["repetitions=0"], "repetitions must be a whole number >= 1"),
     ("bench", ["method=[ar,tiered]", "routing=none"], "tiered: the routing mask skips no layer"),
     ("bench", ["method=[ar,sd]", "policy.tau_accept=0.5"], "no decoder of this run reads the policy"),
@@ -95,6 +99,8 @@ def test_every_shipped_method_passes(placeholder_profile):
     import pathlib
 
     methods = sorted(p.stem for p in (pathlib.Path(CONFIG_DIR) / "method").glob("*.yaml"))
+    if importlib.util.find_spec("llama_cpp") is None:  # an optional extra's method: refused without it (below)
+        methods.remove("llama-cpp")
     check_config(composed("bench", [f"method=[{','.join(methods)}]"]), [])
 
 
@@ -129,8 +135,11 @@ def test_the_refused_framework_verifier_pairs_are_exactly_these(placeholder_prof
                 check_config(composed("generate", overrides), overrides)
             except ValueError as err:
                 refused[framework, verifier] = str(err)
-    assert set(refused) == {("ar", "tiered"), ("ar", "tiered-intermediate"), ("ar", "faster-cascade"),
-                            ("eagle", "tiered-intermediate"), ("eagle", "faster-cascade")}
+    no_verifier = {(framework, verifier) for framework in ("ar", "llama-cpp")
+                   for verifier in ("tiered", "tiered-intermediate", "faster-cascade")}
+    if importlib.util.find_spec("llama_cpp") is None:  # refused with every verifier: the extra is missing
+        no_verifier |= {("llama-cpp", "full")}
+    assert set(refused) == no_verifier | {("eagle", "tiered-intermediate"), ("eagle", "faster-cascade")}
     assert refused["eagle", "faster-cascade"] == (
         "framework=eagle (EAGLE) runs verifier=full (stock EAGLE) or verifier=tiered (VIA-SD on a routed view of"
         " the target's own layers), not verifier=faster-cascade: pick one of those, or framework=sd, lookup or"
@@ -176,3 +185,10 @@ def test_a_temperature_that_overflows_these_logits_is_a_clear_error():
     with pytest.raises(ValueError, match="too small for these logits"):
         sampler.probs(torch.tensor([1e10, 0.0, -5.0]))
     assert sampler.probs(torch.tensor([3.0, 0.0, float("-inf")]))[0] == 1.0  # masked logits are fine
+
+
+def test_the_llama_cpp_method_without_its_extra_is_refused_with_the_install_command(monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else find_spec(name, *a))
+    with pytest.raises(ValueError, match=r"needs llama-cpp-python: pip install 'viasd-adapters\[llama-cpp\]'"):
+        check_config(composed("bench", ["method=[ar,llama-cpp]"]), [])

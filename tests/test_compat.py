@@ -19,7 +19,7 @@ def test_each_row_says_what_its_decoder_takes(host):
     cls = get_class(row.decoder)
     assert compat.host_for(cls) == host
     assert set(row.parts) == {"target", "drafter", "verifier"} & set(inspect.signature(cls).parameters)
-    assert ("streamer" in inspect.signature(cls.generate).parameters) == row.streams
+    assert "streamer" in inspect.signature(cls.generate).parameters  # every decoder streams
 
 
 @pytest.mark.parametrize("framework", sorted(p.stem for p in (Path(CONFIG_DIR) / "framework").glob("*.yaml")))

@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +32,9 @@ from hydra.utils import get_class, instantiate
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
-from .compat import HOSTS, check, streams
+from .compat import HOSTS, check, host_for
 from .configs import ROUTING_FORMS, named_config
-from .decode import AutoregressiveDecoder, Decoder, DecodeStats, SpeculativeDecoder
+from .decode import Decoder, DecodeStats
 from .draft import CascadeDrafter, Drafter, ModelDrafter, PromptLookupDrafter
 from .models import LoadedModel
 from .pipeline import assemble, encode_text
@@ -160,18 +159,15 @@ def describe(decoder: Decoder) -> str:
     From the host loop (its drafter for SD) and the verifier: VIA-SD when a tiered verifier has a
     tier policy, "Faster Cascades" for a speculative-cascade verifier.
     """
-    if isinstance(decoder, AutoregressiveDecoder):
-        return "AR"
-    eagle = sys.modules.get("viasd_adapters.hosts.eagle")
-    pearl = sys.modules.get("viasd_adapters.hosts.pearl")
-    if eagle is not None and isinstance(decoder, eagle.EagleDecoder):
-        host = "EAGLE"
-    elif pearl is not None and isinstance(decoder, pearl.PearlDecoder):
-        host = "PEARL"
-    elif isinstance(decoder, SpeculativeDecoder):
-        host = {PromptLookupDrafter: "prompt-lookup SD", CascadeDrafter: "Cascade SD"}.get(type(decoder.drafter), "SD")
-    else:
+    try:
+        key = host_for(type(decoder))
+    except ValueError:
         return type(decoder).__name__
+    host = HOSTS[key].name
+    if "verifier" not in HOSTS[key].parts:
+        return host
+    if key == "sd":
+        host = {PromptLookupDrafter: "prompt-lookup SD", CascadeDrafter: "Cascade SD"}.get(type(decoder.drafter), "SD")
     verifier = decoder.verifier
     if isinstance(verifier, TieredVerifier) and verifier.policy is not None:
         middle = getattr(verifier.slim, "model", None)
@@ -373,12 +369,7 @@ class SpeculativeGenerator:
             max_new_tokens = config.max_length - ids.shape[1]
         if max_new_tokens < 1:
             raise ValueError(f"nothing to generate (max_new_tokens {max_new_tokens}): pass max_new_tokens=N")
-        extra = {}
-        if streamer is not None:
-            if not streams(self.decoder):
-                raise ValueError(f"{self.method}'s decoder does not stream: call without streamer=")
-            extra["streamer"] = streamer
-        result = self.decoder.generate(ids, max_new_tokens, sampling, eos_ids(config.eos_token_id), **extra)
+        result = self.decoder.generate(ids, max_new_tokens, sampling, eos_ids(config.eos_token_id), streamer)
         new = torch.tensor(result.tokens, dtype=torch.long, device=ids.device)
         return GenerateOutput(torch.cat([ids, new[None]], dim=1), result.tokens, result.stats, self.method)
 

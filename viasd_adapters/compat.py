@@ -28,7 +28,6 @@ class Host:
     verifiers: tuple[str, ...] | None = None  # verifier kinds it runs; None: any verifier
     fixed: Mapping[str, Any] = field(default_factory=dict)  # verifier settings it cannot honour, with the one value it takes
     runs: str = ""  # the verifiers it runs, as a refusal says them
-    streams: bool = True  # its `generate` takes a transformers `streamer`
 
 
 HOSTS: dict[str, Host] = {
@@ -43,6 +42,8 @@ HOSTS: dict[str, Host] = {
         "EAGLE", "viasd_adapters.hosts.eagle.EagleDecoder", ("target", "verifier"), verifiers=("full", "tiered"),
         fixed={"share_prefix": False, "gate": None},
         runs="verifier=full (stock EAGLE) or verifier=tiered (VIA-SD on a routed view of the target's own layers)"),
+    # A speed anchor, not a host: llama.cpp decodes the target's GGUF itself
+    "llama-cpp": Host("llama.cpp", "viasd_adapters.bench.llama_cpp.LlamaCppDecoder", ("target",), verifiers=("full",)),
 }
 
 
@@ -58,14 +59,6 @@ def host_for(cls: type) -> str:
         f"{cls.__module__}.{cls.__qualname__} is no host decoder of viasd_adapters.compat.HOSTS"
         f" ({', '.join(h.decoder for h in HOSTS.values())}): add a row for it there"
     )
-
-
-def streams(decoder) -> bool:
-    """Whether `decoder.generate` takes a `streamer` (False for a decoder the table lacks)."""
-    try:
-        return HOSTS[host_for(type(decoder))].streams
-    except ValueError:
-        return False
 
 
 def verifier_kind(cls: type, routed: bool = True) -> str:

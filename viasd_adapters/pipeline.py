@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
-from .compat import HOSTS, host_for, streams
+from .compat import HOSTS, host_for
 from .decode import Decoder, GenerationResult
 from .draft import Drafter
 from .models import LoadedModel, load_model
@@ -136,11 +136,9 @@ class Pipeline:
 
     def generate(self, prompt: str | torch.Tensor, max_new_tokens: int, sampling: SamplingConfig,
                  streamer: BaseStreamer | None = None) -> GenerationResult:
-        """Decode `prompt` (text, or its [1, T] ids from `encode`); `streamer` is passed on when the
-        decoder streams (`compat.HOSTS`)."""
+        """Decode `prompt` (text, or its [1, T] ids from `encode`); `streamer` gets every commit."""
         ids = self.encode(prompt) if isinstance(prompt, str) else prompt
-        extra = {"streamer": streamer} if streamer is not None and streams(self.decoder) else {}
-        return self.decoder.generate(ids, max_new_tokens, sampling, self.pair.target.stop_token_ids, **extra)
+        return self.decoder.generate(ids, max_new_tokens, sampling, self.pair.target.stop_token_ids, streamer)
 
     def decode(self, tokens: list[int]) -> str:
         return self.pair.target.tokenizer.decode(tokens, skip_special_tokens=True)

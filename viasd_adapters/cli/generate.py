@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,13 +16,10 @@ from omegaconf import DictConfig
 
 from ..api import describe
 from ..checks import check_config
-from ..compat import streams
 from ..decode import GenerationResult
 from ..pipeline import Pipeline
 from ..progress import TokenProgress
 from . import apply_routing_file, entry_point, set_threads
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -71,8 +67,6 @@ def run(cfg: DictConfig) -> GenerateOutcome:
     method = describe(pipeline.decoder)
     ids = pipeline.encode(prompt)
     progress = TokenProgress(cfg.max_new_tokens, enabled=bool(cfg.progress), desc=method)
-    if cfg.progress and not streams(pipeline.decoder):
-        logger.info("%s's loop does not stream: no progress bar", method)
     result = pipeline.generate(ids, cfg.max_new_tokens, sampling, streamer=progress)
     progress.end()
     return GenerateOutcome(pipeline.decode(result.tokens), result, method, prompt, ids.shape[1])

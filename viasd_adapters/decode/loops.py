@@ -103,8 +103,7 @@ class Decoder(ABC):
         """Generate up to `max_new_tokens` tokens after `input_ids` ([1, T]).
 
         `streamer` (transformers' `BaseStreamer`: `TextStreamer`, a progress bar, ...) gets the
-        prompt, then every committed chunk of new tokens, then `end()`. Decoders of host
-        frameworks that do not stream leave it out of their signature.
+        prompt, then every committed chunk of new tokens, then `end()`.
         """
 
     def cores(self, threads: int) -> int:

