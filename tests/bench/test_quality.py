@@ -1,0 +1,65 @@
+"""Paired quality of benchmark runs (viasd_adapters.bench.quality), on records written here."""
+
+import json
+
+import pytest
+
+from viasd_adapters.bench.quality import load_records, main, paired_quality, run_quality
+
+
+def _run(tmp_path, name, rows):
+    """A run directory whose baseline `ar` scored `rows`: (category, metric, quality, tokens, new, budget)."""
+    folder = tmp_path / name
+    folder.mkdir()
+    records = [{"rep": 0, "method": "ar", "baseline": "ar", "category": c, "prompt_id": str(i), "quality_metric": m,
+                "quality": q, "output_tokens": t, "new_tokens": n, "max_new_tokens": budget}
+               for i, (c, m, q, t, n, budget) in enumerate(rows)]
+    records.append({**records[0], "rep": 1, "quality": 1 - records[0]["quality"]})  # only repetition 0 counts
+    (folder / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+def test_binary_metrics_get_wilson_intervals_and_mcnemar_counts(tmp_path):
+    # 20 math prompts: the reference gets 15 right; the run gets 10 of those and 1 the reference missed
+    ref = [1] * 15 + [0] * 5
+    new = [1] * 10 + [0] * 5 + [1] + [0] * 4
+    a = _run(tmp_path, "a", [("math", "math_accuracy", q, [1, 2, 3], 3, 8) for q in new])
+    b = _run(tmp_path, "b", [("math", "math_accuracy", q, [1, 2, 4] if i < 10 else [1, 2, 3], 8 if i == 0 else 3, 8)
+                             for i, q in enumerate(ref)])
+    runs = {"a": load_records(a), "b": load_records(b)}
+    by_run = {q.run: q for q in run_quality(runs)}
+    assert by_run["b"].n == 20 and by_run["b"].mean == 0.75 and by_run["b"].cut == 1
+    assert by_run["b"].low == pytest.approx(0.531, abs=1e-3) and by_run["b"].high == pytest.approx(0.888, abs=1e-3)
+    (paired,) = paired_quality(runs, "b")
+    assert (paired.only_run, paired.only_reference) == (1, 5)
+    assert paired.difference == pytest.approx(11 / 20 - 15 / 20)
+    assert paired.p_value == pytest.approx(2 * 7 / 64)  # two-sided exact binomial, 1 of 6 discordant
+    assert paired.identical == 10 and paired.token_match == pytest.approx((10 * 1.0 + 10 * 2 / 3) / 20)
+
+
+def test_continuous_metrics_pair_by_prompt(tmp_path):
+    a = _run(tmp_path, "a", [("translation", "bleu", q, [1], 1, 8) for q in (1.0, 2.0, 3.0)])
+    b = _run(tmp_path, "b", [("translation", "bleu", q, [1], 1, 8) for q in (0.0, 1.0, 1.0)])
+    (paired,) = paired_quality({"a": load_records(a), "b": load_records(b)}, "b")
+    assert paired.difference == pytest.approx(4 / 3)
+    # paired t interval of the differences (1, 1, 2): mean 4/3, sd 0.577, t(2) = 4.303
+    half = 4.303 * 0.57735 / 3 ** 0.5
+    assert paired.low == pytest.approx(4 / 3 - half, abs=1e-3) and paired.high == pytest.approx(4 / 3 + half, abs=1e-3)
+    assert paired.only_run is None
+
+
+def test_bad_run_directories_are_named(tmp_path):
+    with pytest.raises(ValueError, match="records.jsonl does not exist"):
+        load_records(tmp_path)
+    a = _run(tmp_path, "a", [("math", "math_accuracy", 1, [1], 1, 8)])
+    with pytest.raises(ValueError, match="reference run 'c' is not among"):
+        main([f"a={a}", "--reference", "c"])
+
+
+def test_the_command_writes_its_tables(tmp_path, capsys):
+    a = _run(tmp_path, "a", [("math", "math_accuracy", 1, [1], 1, 8)])
+    b = _run(tmp_path, "b", [("math", "math_accuracy", 0, [2], 1, 8)])
+    main([f"int8={a}", f"bfloat16={b}", "--reference", "bfloat16", "--out", str(tmp_path / "out")])
+    assert "int8 - bfloat16" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "out" / "quality.json").read_text())
+    assert saved["paired"][0]["only_run"] == 1

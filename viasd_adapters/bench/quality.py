@@ -1,0 +1,180 @@
+"""Task quality of several benchmark runs on the same prompts, with intervals and paired counts.
+
+Each run is a `viasd-bench` run directory (its records.jsonl), e.g. one per target precision. For
+every scored category it gives each run's mean with a 95% interval (Wilson for 0/1 metrics, t for
+BLEU / ROUGE), and each run against a reference run on the same prompts: for 0/1 metrics the
+prompts only one of them gets right and McNemar's exact p-value, for the others the mean paired
+difference with its t interval. Token match says how far the outputs agree. Answers that hit the
+token budget are counted, since a cut answer scores what it lacks.
+
+    python -m viasd_adapters.bench.quality int8=RUN_DIR bfloat16=RUN_DIR --reference bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from scipy import stats
+
+from .metrics import token_agreement
+
+BINARY_METRICS = ("math_accuracy", "pass@1", "answer_match")  # each prompt scores 0 or 1
+
+
+@dataclass
+class RunQuality:
+    """One run's score on one category."""
+
+    run: str
+    category: str
+    metric: str
+    n: int  # prompts scored
+    mean: float
+    low: float  # 95% interval
+    high: float
+    cut: int  # answers that reached the token budget
+
+
+@dataclass
+class PairedQuality:
+    """One run against the reference run on the prompts both scored."""
+
+    run: str
+    reference: str
+    category: str
+    metric: str
+    n: int
+    difference: float  # run mean - reference mean
+    low: float | None  # 95% interval of the paired difference (continuous metrics)
+    high: float | None
+    only_run: int | None  # prompts only this run got right (0/1 metrics)
+    only_reference: int | None
+    p_value: float  # McNemar's exact test (0/1 metrics), the paired t test (others)
+    token_match: float  # mean over prompts (`metrics.token_agreement`)
+    identical: int  # prompts with identical outputs
+
+
+def load_records(run_dir: str | Path, method: str | None = None) -> dict[tuple[str, str], dict]:
+    """The scored records of a run by (category, prompt id): repetition 0 of `method` (None: the
+    run's baseline)."""
+    path = Path(run_dir) / "records.jsonl"
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist: give a viasd-bench run directory")
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    chosen = {}
+    for r in records:
+        if r["rep"] == 0 and r["method"] == (method or r["baseline"]) and r.get("quality") is not None:
+            chosen[(r["category"], r["prompt_id"])] = r
+    if not chosen:
+        raise ValueError(f"{path} has no scored record of method {method or 'the baseline'}")
+    return chosen
+
+
+def _interval(values: list[float], binary: bool) -> tuple[float, float]:
+    n = len(values)
+    if binary:
+        ci = stats.binomtest(int(sum(values)), n).proportion_ci(0.95, method="wilson")
+        return ci.low, ci.high
+    if n < 2 or len(set(values)) == 1:
+        return values[0], values[0]
+    ci = stats.ttest_1samp(values, 0.0).confidence_interval(0.95)
+    return ci.low, ci.high
+
+
+def run_quality(runs: dict[str, dict[tuple[str, str], dict]]) -> list[RunQuality]:
+    rows = []
+    for name, records in runs.items():
+        for category in sorted({c for c, _ in records}):
+            group = [r for (c, _), r in records.items() if c == category]
+            metric = group[0]["quality_metric"]
+            values = [r["quality"] for r in group]
+            low, high = _interval(values, metric in BINARY_METRICS)
+            cut = sum(r["new_tokens"] >= r["max_new_tokens"] for r in group)
+            rows.append(RunQuality(name, category, metric, len(values), sum(values) / len(values), low, high, cut))
+    return rows
+
+
+def paired_quality(runs: dict[str, dict[tuple[str, str], dict]], reference: str) -> list[PairedQuality]:
+    if reference not in runs:
+        raise ValueError(f"the reference run {reference!r} is not among the runs {sorted(runs)}")
+    base = runs[reference]
+    rows = []
+    for name, records in runs.items():
+        if name == reference:
+            continue
+        for category in sorted({c for c, _ in records}):
+            keys = sorted(k for k in records if k[0] == category and k in base)
+            if not keys:
+                continue
+            metric = records[keys[0]]["quality_metric"]
+            a = [records[k]["quality"] for k in keys]
+            b = [base[k]["quality"] for k in keys]
+            agreement = [token_agreement(records[k]["output_tokens"], base[k]["output_tokens"]) for k in keys]
+            difference = (sum(a) - sum(b)) / len(keys)
+            low = high = only_a = only_b = None
+            if metric in BINARY_METRICS:
+                only_a = sum(x > y for x, y in zip(a, b))
+                only_b = sum(y > x for x, y in zip(a, b))
+                discordant = only_a + only_b
+                p = stats.binomtest(min(only_a, only_b), discordant).pvalue if discordant else 1.0
+            elif a == b:
+                low = high = 0.0
+                p = 1.0
+            else:
+                test = stats.ttest_rel(a, b)
+                ci = test.confidence_interval(0.95)
+                low, high, p = ci.low, ci.high, float(test.pvalue)
+            rows.append(PairedQuality(
+                name, reference, category, metric, len(keys), difference, low, high, only_a, only_b, float(p),
+                sum(m for m, _ in agreement) / len(keys), sum(exact for _, exact in agreement)))
+    return rows
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def markdown(quality: list[RunQuality], paired: list[PairedQuality]) -> str:
+    lines = ["| category | metric | run | n | mean | 95% interval | cut at budget |", "|---|---|---|---|---|---|---|"]
+    for q in quality:
+        lines.append(f"| {q.category} | {q.metric} | {q.run} | {q.n} | {_fmt(q.mean)} | {_fmt(q.low)}-{_fmt(q.high)} | {q.cut} |")
+    lines += ["", "| category | run - reference | n | difference | 95% interval | only run / only reference right | p | token match | identical |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for p in paired:
+        interval = "-" if p.low is None else f"{_fmt(p.low)} to {_fmt(p.high)}"
+        counts = "-" if p.only_run is None else f"{p.only_run} / {p.only_reference}"
+        lines.append(f"| {p.category} | {p.run} - {p.reference} | {p.n} | {_fmt(p.difference)} | {interval} | {counts}"
+                     f" | {_fmt(p.p_value, 2)} | {_fmt(p.token_match)} | {p.identical} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", metavar="NAME=RUN_DIR", help="runs to compare (several run dirs of one name: join them with ',')")
+    parser.add_argument("--reference", required=True, help="the NAME the others are paired with")
+    parser.add_argument("--method", default=None, help="the method of each run to score (default: its baseline)")
+    parser.add_argument("--out", default=None, help="also write quality.md and quality.json into this directory")
+    args = parser.parse_args(argv)
+    runs = {}
+    for spec in args.runs:
+        name, sep, dirs = spec.partition("=")
+        if not sep or not name or not dirs:
+            parser.error(f"{spec!r}: write NAME=RUN_DIR")
+        runs[name] = {k: r for d in dirs.split(",") for k, r in load_records(d, args.method).items()}
+    quality, paired = run_quality(runs), paired_quality(runs, args.reference)
+    table = markdown(quality, paired)
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "quality.md").write_text(table)
+        (out / "quality.json").write_text(json.dumps(
+            {"runs": [asdict(q) for q in quality], "paired": [asdict(p) for p in paired]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
