@@ -96,15 +96,22 @@ def test_a_verify_block_computes_what_one_token_steps_compute(int8_pair):
     assert torch.equal(block, steps)
 
 
-@pytest.mark.parametrize("drafter", ["model", "lookup"])
-def test_greedy_sd_on_the_int8_target_reproduces_int8_ar(int8_pair, drafter):
+@pytest.mark.parametrize("host", ["sd", "lookup", "pearl"])
+def test_greedy_speculation_on_the_int8_target_reproduces_int8_ar(int8_pair, host):
+    from viasd_adapters.hosts.pearl import PearlDecoder
+
     target, draft = int8_pair
     ar = AutoregressiveDecoder(target.model).generate(PROMPT, 40)
-    propose = ModelDrafter(draft) if drafter == "model" else PromptLookupDrafter(max_ngram=2)
-    sd = SpeculativeDecoder(propose, LosslessVerifier(target.model), num_draft_tokens=4).generate(PROMPT, 40)
-    assert sd.tokens == ar.tokens
-    if drafter == "model":  # drafts were judged both ways, so the check had something to check
-        assert 0 < sd.stats.accepted < sd.stats.drafted
+    verifier = LosslessVerifier(target.model)
+    if host == "pearl":  # its drafter runs beside the verifier (a thread here), the target still decides
+        decoder = PearlDecoder(ModelDrafter(draft), verifier, window_size=3, backend="thread")
+    else:
+        propose = ModelDrafter(draft) if host == "sd" else PromptLookupDrafter(max_ngram=2)
+        decoder = SpeculativeDecoder(propose, verifier, num_draft_tokens=4)
+    out = decoder.generate(PROMPT, 40)
+    assert out.tokens == ar.tokens
+    if host != "lookup":  # drafts were judged both ways, so the check had something to check
+        assert 0 < out.stats.accepted < out.stats.drafted
 
 
 def test_int8_sampling_follows_the_int8_target(int8_pair):
