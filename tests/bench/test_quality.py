@@ -63,3 +63,21 @@ def test_the_command_writes_its_tables(tmp_path, capsys):
     assert "int8 - bfloat16" in capsys.readouterr().out
     saved = json.loads((tmp_path / "out" / "quality.json").read_text())
     assert saved["paired"][0]["only_run"] == 1
+
+
+def test_batched_task_answers_are_scored_and_compared(tmp_path):
+    """tools/task_quality.py on the tiny model: every prompt answered within the budget and scored."""
+    import runpy
+    from pathlib import Path
+
+    tool = runpy.run_path(str(Path(__file__).parents[2] / "tools" / "task_quality.py"))
+    for name in ("a", "b"):
+        tool["main"](["model_pair=tiny-random", "runtime.dtype=float32", "task.limit=1", "max_new_tokens=6",
+                      f"out_dir={tmp_path / name}", "batch_size=3"])
+    lines = (tmp_path / "a" / "records.jsonl").read_text().splitlines()
+    assert len(lines) == 7  # one prompt of each shipped category
+    scored = load_records(tmp_path / "a")
+    assert {c for c, _ in scored} == {"math_reasoning", "qa", "rag", "summarization", "translation"}
+    assert all(1 <= r["new_tokens"] <= 6 for r in scored.values())
+    paired = paired_quality({"a": scored, "b": load_records(tmp_path / "b")}, "b")
+    assert all(p.identical == p.n for p in paired)  # greedy and deterministic: the same answers twice
