@@ -74,6 +74,51 @@ def tiny_pair(request, tmp_path_factory):
     return arch, root / "target", root / "head"
 
 
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def accepting_pair(request, tmp_path_factory):
+    """(target folder, compact head folder) of a pair whose head's drafts the target often accepts.
+
+    The random heads of `tiny_pair` put none of the target's greedy tokens in their trees (257
+    tokens, top-10 at each node), so they never reach the accept path. Here the target has one
+    decoder layer and the head is a copy of it: its fc passes the token embedding through (the
+    feature half is zeroed), its layer is the target's. The target's embedding rows are scaled to
+    RMS 1, so the input norm the head's first layer lacks is the identity, and its biases are zero
+    (the head's attention has none). The head still misses the prompt's first token (pair i is
+    feature i with token i + 1) and reads its own outputs deeper in the tree, so it is right on
+    most, not all, drafts: 0 < accepted < drafted, which the identity tests assert.
+    """
+    arch = request.param
+    root = tmp_path_factory.mktemp(f"eagle-accepting-{arch}")
+    loaded = tiny(seed=0, num_layers=1, architecture=arch, init_std=0.8)  # peaked: the tiers settle tokens at tau 0.3
+    model = loaded.model
+    with torch.no_grad():
+        embeddings = model.model.embed_tokens.weight
+        embeddings.div_(embeddings.pow(2).mean(-1, keepdim=True).sqrt())
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.zero_()
+    model.save_pretrained(root / "target")
+    loaded.tokenizer.save_pretrained(root / "target")
+    config = head_config(model.config)
+    head = build_head(config)
+    with torch.no_grad():
+        H = model.config.hidden_size
+        head.fc.weight.zero_()
+        head.fc.weight[:, :H] = torch.eye(H)  # fc(cat(embedding, feature)) = embedding
+        head.fc.bias.zero_()
+        layer = {k: v for k, v in model.model.layers[0].state_dict().items()
+                 if not k.startswith("input_layernorm") and not k.endswith(".bias")}
+        head.layers[0].load_state_dict(layer, strict=True)
+    save_head(head, config, root / "head", full=False, compact=True)
+    return arch, root / "target", root / "head"
+
+
+def _acceptance(decoder: EagleDecoder, max_new_tokens: int = 40) -> tuple[int, int]:
+    """(accepted, drafted) of a greedy generation after PROMPT."""
+    stats = decoder.generate(PROMPT, max_new_tokens).stats
+    return stats.accepted, stats.drafted
+
+
 _LOADED: dict = {}
 
 
@@ -92,22 +137,26 @@ def _target(tiny_pair):
 
 # ----------------------------------------------------------------------------- identity with stock
 @pytest.mark.parametrize("backend", ["transformers", "eagle"])
-def test_slim_off_is_token_identical_to_stock_eagenerate(tiny_pair, backend):
-    if backend == "eagle" and tiny_pair[0] != "llama":
+def test_slim_off_is_token_identical_to_stock_eagenerate(accepting_pair, backend):
+    if backend == "eagle" and accepting_pair[0] != "llama":
         pytest.skip("eagle-llm's own loader handles Llama only")
-    ea = _stock(tiny_pair, backend)
+    ea = _stock(accepting_pair, backend)
     stock = ea.eagenerate(PROMPT, max_new_tokens=40)
     ours = TieredEagle(ea).eagenerate(PROMPT, max_new_tokens=40)
     assert torch.equal(stock, ours)
+    accepted, drafted = _acceptance(EagleDecoder(ea_model=ea))
+    assert 0 < accepted < drafted  # the accept path ran, and so did the rejections
 
 
-def test_slim_off_sampling_is_token_identical_to_stock_under_the_same_seeds(tiny_pair):
-    ea = _stock(tiny_pair)
+def test_slim_off_sampling_is_token_identical_to_stock_under_the_same_seeds(accepting_pair):
+    ea = _stock(accepting_pair)
     torch.manual_seed(7), random.seed(7)
     stock = ea.eagenerate(PROMPT, temperature=0.8, top_p=0.9, max_new_tokens=30)
     torch.manual_seed(7), random.seed(7)
     ours = TieredEagle(ea).eagenerate(PROMPT, temperature=0.8, top_p=0.9, max_new_tokens=30)
     assert torch.equal(stock, ours)
+    stats = EagleDecoder(ea_model=ea).generate(PROMPT, 30, SamplingConfig(temperature=0.8, top_p=0.9, seed=7)).stats
+    assert 0 < stats.accepted < stats.drafted  # EAGLE's tree rejection sampling kept some drafts, not all
 
 
 def test_stock_eagle_llama_matches_transformers_backend_on_rope_10000(tiny_pair):
@@ -119,13 +168,14 @@ def test_stock_eagle_llama_matches_transformers_backend_on_rope_10000(tiny_pair)
     assert torch.equal(a, b)
 
 
-def test_eagle_tree_decoding_is_lossless_against_autoregressive(tiny_pair):
-    _, target, head = tiny_pair
-    model = _target(tiny_pair)
+def test_eagle_tree_decoding_is_lossless_against_autoregressive(accepting_pair):
+    _, target, head = accepting_pair
+    model = _target(accepting_pair)
     ar = AutoregressiveDecoder(model).generate(PROMPT, 40)
     eagle = EagleDecoder(target=model, head=head).generate(PROMPT, 40)
     assert eagle.tokens == ar.tokens
     stats = eagle.stats
+    assert 0 < stats.accepted < stats.drafted  # drafts kept and drafts rejected, both on the way to AR's tokens
     assert stats.new_tokens == 40 and stats.drafted == 5 * stats.steps
     assert set(stats.model_calls) == {"target", "eagle_head"}
     assert stats.tier_counts.keys() == {"full"}
@@ -133,9 +183,9 @@ def test_eagle_tree_decoding_is_lossless_against_autoregressive(tiny_pair):
 
 # ----------------------------------------------------------------------------- tiered, on tree paths
 @pytest.mark.parametrize("tau", [0.0, 0.3])
-def test_tiered_with_a_perfect_slim_verifier_stays_lossless(tiny_pair, tau):
+def test_tiered_with_a_perfect_slim_verifier_stays_lossless(accepting_pair, tau):
     """u = the target itself: tier 1 keeps only q's argmax, tier 2 writes q's argmax."""
-    ea = _stock(tiny_pair)
+    ea = _stock(accepting_pair)
     stock = ea.eagenerate(PROMPT, max_new_tokens=40)
     tiered = TieredEagle(ea, routing=RoutingMask.none(), policy=ConfidencePolicy(tau, 0.0, tau), max_unverified=8)
     ours = tiered.eagenerate(PROMPT, max_new_tokens=40)
@@ -143,6 +193,8 @@ def test_tiered_with_a_perfect_slim_verifier_stays_lossless(tiny_pair, tau):
     n = PROMPT.shape[1] + 40
     assert stock.shape[1] >= n and ours.shape[1] >= n
     assert torch.equal(stock[:, :n], ours[:, :n])
+    stats = EagleDecoder(ea_model=ea, verifier=tiered.verifier).generate(PROMPT, 40).stats
+    assert stats.tier_counts[Tier.ACCEPT] > 0 and stats.tier_counts[Tier.ESCALATE] > 0  # u kept drafts, q others
 
 
 def test_tiered_decoder_counts_tiers_and_calls(tiny_pair):
@@ -284,11 +336,11 @@ def test_stop_token_ends_the_generation(tiny_pair):
     assert cut == full[: full.index(stop) + 1]
 
 
-def test_a_custom_tree_is_grown_by_the_head_and_stays_lossless(tiny_pair):
+def test_a_custom_tree_is_grown_by_the_head_and_stays_lossless(accepting_pair):
     from eagle.model.utils_c import generate_tree_buffers as head_tree_buffers
 
-    _, target, head = tiny_pair
-    model = _target(tiny_pair)
+    _, target, head = accepting_pair
+    model = _target(accepting_pair)
     tree = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]  # depth 3, not mc_sim_7b_63's 5
     decoder = EagleDecoder(target=model, head=head, tree=tree)
     ea_layer = decoder.model.ea.ea_layer
@@ -302,7 +354,7 @@ def test_a_custom_tree_is_grown_by_the_head_and_stays_lossless(tiny_pair):
     growths = out.stats.model_calls["eagle_head"].calls + 1  # + the prefill's
     levels = len(head_tree_buffers(tree, device="cpu")["tree_indices"])
     assert len(forwards) == growths * (1 + levels)  # one forward per level of *this* tree
-    assert out.stats.drafted == 3 * out.stats.steps
+    assert out.stats.drafted == 3 * out.stats.steps and 0 < out.stats.accepted < out.stats.drafted
     assert ea_layer.tree == mc_sim_7b_63 and "topK_genrate" not in ea_layer.__dict__  # left as it was
 
 
@@ -326,9 +378,9 @@ def test_vocabulary_draft_head_scores_the_kept_ids_as_the_lm_head_does(tiny_pair
     assert torch.isneginf(restricted[:, outside]).all()
 
 
-def test_reduced_vocabulary_eagle_drafts_only_kept_ids_and_stays_lossless(tiny_pair):
-    _, target, head = tiny_pair
-    model = _target(tiny_pair)
+def test_reduced_vocabulary_eagle_drafts_only_kept_ids_and_stays_lossless(accepting_pair):
+    _, target, head = accepting_pair
+    model = _target(accepting_pair)
     ar = AutoregressiveDecoder(model).generate(PROMPT, 40)
     vocab = _vocabulary(model)
     decoder = EagleDecoder(target=model, head=head, vocabulary=vocab)
@@ -339,6 +391,7 @@ def test_reduced_vocabulary_eagle_drafts_only_kept_ids_and_stays_lossless(tiny_p
     finally:
         hook.remove()
     assert out.tokens == ar.tokens  # fp32, greedy: the target's tokens whatever the draft proposes
+    assert 0 < out.stats.accepted < out.stats.drafted  # kept ids are accepted, the others never drafted
     assert len(scored) >= out.stats.model_calls["eagle_head"].calls > 0  # every tree growth scored with it
     kept = torch.zeros(model.config.vocab_size, dtype=torch.bool)
     kept[vocab.token_ids] = True
