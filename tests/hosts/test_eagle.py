@@ -794,3 +794,21 @@ def test_qwen2_coder_eagle_tree_decoding_on_the_transformers_base(tmp_path):
     eagle = stock[0, ids.shape[1]:].tolist()[:16]
     # bf16: a tree forward and a one-token forward may round apart at a near-tie; never early on
     assert eagle[:8] == ar[:8]
+
+
+def test_eagle_on_the_int8_target_reproduces_int8_ar(accepting_pair):
+    """The int8 target (W8A8, row-by-row attention) verifies EAGLE's tree: a tree row attends under
+    its own mask row, and its tokens still equal int8 AR's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from viasd_adapters.models.quantize import calibrate_outliers, quantize_linears
+    from viasd_adapters.models.row_attention import ROW_INVARIANT_ATTENTION
+
+    _, target, head = accepting_pair
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    quantize_linears(model, "int8", outliers=calibrate_outliers(model, AutoTokenizer.from_pretrained(target)))
+    model.config._attn_implementation = ROW_INVARIANT_ATTENTION
+    ar = AutoregressiveDecoder(model).generate(PROMPT, 40)
+    eagle = EagleDecoder(target=model, head=head).generate(PROMPT, 40)
+    assert eagle.tokens == ar.tokens
+    assert 0 < eagle.stats.accepted < eagle.stats.drafted
