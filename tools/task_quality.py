@@ -9,8 +9,8 @@ overrides are viasd-bench's (model pair, task, runtime); the records hold the fi
     python -m viasd_adapters.bench.quality int8=runs/int8-humaneval bfloat16=runs/bf16-humaneval --reference bfloat16
 
 A row of a batch is not computed as it would be alone (padding masks take other attention
-kernels), so outputs can part from one-prompt decoding at near-ties; the scores measure the
-precision, not one decoder.
+kernels, and int8 attention is plain SDPA here, not row by row), so outputs can part from
+one-prompt decoding at near-ties; the scores measure the precision, not one decoder.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from viasd_adapters.bench.metrics import QUALITY_METRICS, check_execution_enable
 from viasd_adapters.checks import check_config
 from viasd_adapters.configs import CONFIG_DIR
 from viasd_adapters.models import load_model
+from viasd_adapters.models.row_attention import ROW_INVARIANT_ATTENTION
 from viasd_adapters.pipeline import encode_text
 
 
@@ -49,13 +50,18 @@ def main(argv: list[str]) -> None:
         torch.set_num_threads(cfg.threads)
     target = load_model(instantiate(cfg.model_pair.target))
     tokenizer, model = target.tokenizer, target.model
+    # int8's row-by-row attention keeps a verify block equal to one-token steps; under padding masks
+    # it would copy every key for every row (GQA heads repeated per call): batches take plain SDPA.
+    if model.config._attn_implementation == ROW_INVARIANT_ATTENTION:
+        model.config._attn_implementation = "sdpa"
     budget = task.max_new_tokens or cfg.max_new_tokens
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else target.stop_token_ids[0]
     encoded = [encode_text(tokenizer, p.text, cfg.chat_template)[0] for p in prompts]
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))  # similar lengths share a batch
     out = Path(settings["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
-    records = []
+    path = out / "records.jsonl"
+    path.write_text("")  # appended batch by batch: an interrupted run keeps what it finished
     bar = tqdm(total=len(prompts), desc=f"{task.name} {cfg.runtime.dtype}", unit="prompt")
     for start in range(0, len(order), batch_size):
         batch = order[start : start + batch_size]
@@ -71,6 +77,7 @@ def main(argv: list[str]) -> None:
                                        max_new_tokens=budget, do_sample=False, eos_token_id=list(target.stop_token_ids),
                                        pad_token_id=pad)[:, width:].tolist()
         seconds = time.perf_counter() - begin
+        records = []
         for row, i in enumerate(batch):
             tokens = generated[row]
             ends = [k for k, t in enumerate(tokens) if t in target.stop_token_ids]
@@ -86,10 +93,11 @@ def main(argv: list[str]) -> None:
                 "quality": None if score is None else score.value, "quality_detail": None if score is None else score.detail,
                 "output_tokens": tokens, "output_text": text,
             })
+        with path.open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
         bar.update(len(batch))
     bar.close()
-    (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    print(f"{len(records)} records in {out / 'records.jsonl'}")
+    print(f"{len(prompts)} records in {path}")
 
 
 if __name__ == "__main__":
