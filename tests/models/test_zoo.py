@@ -240,3 +240,28 @@ def test_qwen_stop_tokens_and_dtype():
 @pytest.mark.parametrize("name", [QWEN_05, QWEN_15])
 def test_qwen_cache_reproduces_gguf_logits(name, tmp_path):
     _assert_cache_reproduces_gguf_logits(name, tmp_path)
+
+
+def test_the_gguf_of_a_chunked_model_is_assembled_once_and_checked(tmp_path, monkeypatch):
+    """llama.cpp reads the GGUF itself (bench/llama_cpp.py): chunks are joined once into the cache,
+    named after the whole model name, and a GGUF that is not the converted folder's is refused."""
+    import json
+
+    from viasd_adapters.models import offline
+
+    monkeypatch.setenv("VIASD_CACHE", str(tmp_path))
+    chunks = [tmp_path / "part1.bin", tmp_path / "part2.bin"]
+    chunks[0].write_bytes(b"GGUF" + b"a" * 10)
+    chunks[1].write_bytes(b"b" * 7)
+    monkeypatch.setattr(offline, "locate_chunks", lambda source: chunks)
+    name = "qwen2.5-coder-1.5b-instruct"
+    path = offline.gguf_file(name)
+    assert path == tmp_path / "models" / f"{name}.gguf" and path.read_bytes() == b"GGUF" + b"a" * 10 + b"b" * 7
+    assert offline.gguf_file(name) == path  # already there: no second assembly
+    path.unlink()
+    folder = offline.cache_dir(name)
+    folder.mkdir(parents=True)
+    (folder / offline.PROVENANCE_FILE).write_text(json.dumps({"gguf": {"size": 21, "sha256": "0" * 64}}))
+    with pytest.raises(ValueError, match="is not the one .* was converted from"):
+        offline.gguf_file(name)
+    assert not path.exists() and not list(path.parent.glob(".*.tmp-*"))  # nothing half-written is left

@@ -407,7 +407,7 @@ def gguf_file(name: str) -> Path:
     chunks = locate_chunks(OFFLINE_MODELS[name])
     if len(chunks) == 1:
         return chunks[0]
-    path = cache_dir(name).with_suffix(".gguf")
+    path = cache_dir(name).parent / f"{name}.gguf"  # not with_suffix: the names hold dots
     if path.is_file() and path.stat().st_size == sum(c.stat().st_size for c in chunks):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
