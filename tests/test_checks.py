@@ -52,7 +52,7 @@ BAD = [  # (command, overrides, what the error must say)
     ("generate", ["framework=pearl", "framework.decoder.backend=gpu"], "backend must be one of"),
     ("generate", ["framework=lookup", "framework.drafter.min_ngram=0"], "min_ngram"),
     ("generate", ["verifier=faster-cascade", "verifier.alpha=-1"], "alpha must be >= 0"),
-    ("generate", ["model_pair=tiny-random", "framework=llama-cpp"], "'tiny-random' is not an offline zoo model"),
+    ("generate", ["model_pair=tiny-random", "framework=llama-cpp"], "only the offline zoo models install one; 'tiny-random' is not"),
     ("generate", ["framework=llama-cpp", "framework.decoder.n_ctx=0"], "n_ctx must be >= 1"),
     ("generate", ["framework=llama-cpp", "verifier=tiered"], "framework=llama-cpp .* takes no verifier"),
     ("bench", ["repetitions=0"], "repetitions must be a whole number >= 1"),

@@ -54,3 +54,14 @@ def test_llama_cpp_sampling_is_seeded_and_stops_at_the_budget(llama_pipeline):
     ids = llama_pipeline.encode(PROMPT)
     draws = [llama_pipeline.generate(ids, 12, SamplingConfig(temperature=1.0, seed=s)).tokens for s in (3, 3, 4)]
     assert draws[0] == draws[1] and draws[0] != draws[2] and len(draws[0]) == 12
+
+
+def test_llama_cpp_runs_the_threads_torch_runs(llama_pipeline):
+    """Equal cores: a method's threads (the benchmark sets torch's) are llama.cpp's too."""
+    from viasd_adapters.bench.harness import torch_threads
+
+    decoder, ids = llama_pipeline.decoder, llama_pipeline.encode(PROMPT)
+    with torch_threads(1):
+        one = llama_pipeline.generate(ids, 8, SamplingConfig()).tokens
+        assert decoder.threads == 1 and decoder.cores(1) == 1
+    assert llama_pipeline.generate(ids, 8, SamplingConfig()).tokens == one  # greedy, whatever the threads

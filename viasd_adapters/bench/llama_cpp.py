@@ -33,8 +33,8 @@ class LlamaCppDecoder(Decoder):
         """Before any model loads: the package is installed, `model` has a GGUF, `n_ctx` is sane."""
         if model not in OFFLINE_MODELS:
             raise ValueError(
-                f"llama.cpp reads a GGUF; {model!r} is not an offline zoo model, which alone install one"
-                f" (known: {', '.join(OFFLINE_MODELS)})"
+                f"llama.cpp reads a GGUF, and only the offline zoo models install one; {model!r} is not one"
+                f" of them (known: {', '.join(OFFLINE_MODELS)})"
             )
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
@@ -72,7 +72,9 @@ class LlamaCppDecoder(Decoder):
         committed = CommittedSequence(input_ids, max_new_tokens, stop_token_ids, self.context_length, streamer)
         threads = torch.get_num_threads()  # equal cores: what the benchmark gives every method
         if threads != self.threads:
-            self.llm._ctx.set_n_threads(threads, threads)
+            import llama_cpp
+
+            llama_cpp.llama_set_n_threads(self.llm.ctx, threads, threads)
             self.threads = threads
         self.llm.reset()  # no prefix reuse across generations: every method prefills its prompt
         self.llm.set_seed(sampling.seed)
