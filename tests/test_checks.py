@@ -55,6 +55,8 @@ BAD = [  # (command, overrides, what the error must say)
     ("generate", ["model_pair=tiny-random", "framework=llama-cpp"], "only the offline zoo models install one; 'tiny-random' is not"),
     ("generate", ["framework=llama-cpp", "framework.decoder.n_ctx=0"], "n_ctx must be >= 1"),
     ("generate", ["framework=llama-cpp", "verifier=tiered"], "framework=llama-cpp .* takes no verifier"),
+    ("generate", ["runtime.draft_dtype=int8", "framework=sd-fast"], "int8 linear layers already.*framework.drafter.quantize=null"),
+    ("bench", ["runtime.draft_dtype=int8", "method=[ar,sd-int8]"], "method.sd-int8.framework.drafter.quantize=int8-weight has nothing"),
     ("bench", ["repetitions=0"], "repetitions must be a whole number >= 1"),
     ("bench", ["method=[ar,tiered]", "routing=none"], "tiered: the routing mask skips no layer"),
     ("bench", ["method=[ar,sd]", "policy.tau_accept=0.5"], "no decoder of this run reads the policy"),

@@ -22,7 +22,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from . import compat
-from .models.spec import check_precision
+from .models.spec import QUANTIZED_PRECISIONS, check_precision
 from .pipeline import PAIR_MODELS
 
 
@@ -56,6 +56,15 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] | None = None, identi
         for role in ("target", "draft") if components else ("target",):  # search & co. load the target only
             if cfg.model_pair.get(role) is not None:
                 _build(f"model_pair.{role}", cfg.model_pair[role])
+    draft_dtype = cfg.runtime.get("draft_dtype") if "runtime" in cfg else None
+    for name, framework, _ in components if draft_dtype in QUANTIZED_PRECISIONS else ():
+        if (framework.get("drafter") or {}).get("quantize") is not None:
+            key = f"method.{name}.framework.drafter.quantize" if name else "framework.drafter.quantize"
+            raise ValueError(
+                f"runtime.draft_dtype={draft_dtype} loads the draft with int8 linear layers already, so"
+                f" {key}={framework.drafter.quantize} has nothing left to quantise: set {key}=null,"
+                " or runtime.draft_dtype=bfloat16 for the drafter's own int8 copy"
+            )
     masks = []
     if "model_pair" in cfg and cfg.model_pair.get("target") is not None:
         from .configs import CONFIG_DIR

@@ -3,6 +3,8 @@ speculative decoding relative to the int8 target itself; its kernel; its refusal
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -11,7 +13,8 @@ from tests.decode.test_loops import PROMPT
 from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
 from viasd_adapters.draft import ModelDrafter, PromptLookupDrafter
 from viasd_adapters.models import ModelSpec, TinyModelConfig, load_model
-from viasd_adapters.models.quantize import Int8Linear, quantize_linears
+from viasd_adapters.models.quantize import Int8Linear, Int8Projection, quantize_linears
+from viasd_adapters.models.vocab import DraftVocabulary, ReducedHead
 from viasd_adapters.models.spec import check_precision
 from viasd_adapters.sampling import SamplingConfig
 from viasd_adapters.verify import LosslessVerifier
@@ -64,6 +67,47 @@ def test_a_row_computes_the_same_alone_or_in_a_batch():
     x = torch.randn(9, 64) * torch.logspace(-2, 2, 9)[:, None]
     alone = torch.cat([layer(row[None]) for row in x])
     assert torch.equal(layer(x), alone)
+
+
+def layer_by_layer_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Every linear layer of a copy of `model` an `Int8Linear` of its own: no shared GEMMs."""
+    model = copy.deepcopy(model)
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(module, name, Int8Linear(child))
+    return model
+
+
+@torch.no_grad()
+def test_sibling_projections_share_one_gemm_and_compute_what_they_compute_alone():
+    """q / k / v and gate / up in one GEMM each: bitwise what every layer computes by itself,
+    also when siblings get different inputs (no stale result is handed out)."""
+    model = tiny(seed=4).model
+    fused = quantize_linears(copy.deepcopy(model), "int8")
+    reference = layer_by_layer_int8(model)
+    attention = fused.model.layers[0].self_attn
+    assert isinstance(attention.q_proj, Int8Projection) and isinstance(fused.model.layers[0].mlp.up_proj, Int8Projection)
+    assert torch.equal(fused(PROMPT).logits, reference(PROMPT).logits)
+
+    x, other = torch.randn(2, 3, model.config.hidden_size)
+    ref_attention = reference.model.layers[0].self_attn
+    assert torch.equal(attention.q_proj(x), ref_attention.q_proj(x))
+    assert torch.equal(attention.k_proj(other), ref_attention.k_proj(other))  # not q's input: computed afresh
+    assert torch.equal(attention.v_proj(x), ref_attention.v_proj(x))
+    assert torch.equal(attention.k_proj(x), ref_attention.k_proj(x))
+    assert torch.equal(attention.k_proj.weight, ref_attention.k_proj.weight)
+
+
+@torch.no_grad()
+def test_a_reduced_head_of_an_int8_model_stays_int8_and_scores_as_the_full_head():
+    model = quantize_linears(tiny(seed=5).model, "int8")
+    V = model.config.vocab_size
+    ids = torch.randperm(V, generator=torch.Generator().manual_seed(0))[: V // 4]
+    head = ReducedHead(model, DraftVocabulary(token_ids=ids.tolist(), vocab_size=V))
+    assert isinstance(head.int8, Int8Linear) and head.int8.out_features == len(ids)
+    hidden = torch.randn(3, model.config.hidden_size)
+    assert torch.equal(head(hidden), model.get_output_embeddings()(hidden)[:, ids])
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +188,8 @@ def test_bad_precisions_are_refused_before_loading(dtype, device, message):
         ModelSpec("qwen2.5-coder-1.5b-instruct", dtype=dtype, device=device)
     with pytest.raises(ValueError, match=f"runtime.dtype={dtype}"):
         check_precision(dtype, device, key="runtime.dtype")
+
+
+def test_an_int8_draft_refuses_a_second_quantisation(int8_pair):
+    with pytest.raises(ValueError, match="no dense linear layer left to quantise"):
+        ModelDrafter(int8_pair[1], quantize="int8-weight")

@@ -107,23 +107,40 @@ class _RowQuantGemm:
     """
 
     def __init__(self, weight: torch.Tensor):
-        w = weight.detach().float()  # [N, K]
-        scales = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0).double()  # [N]
+        """`weight`: [N, K] float, quantised here, or an int8 per-channel quantised tensor."""
+        if weight.is_quantized:
+            qweight = weight
+        else:
+            w = weight.detach().float()
+            scales = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0).double()  # [N]
+            with _fbgemm():
+                qweight = torch.quantize_per_channel(w, scales, torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8)
         with _fbgemm():
-            qweight = torch.quantize_per_channel(w, scales, torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8)
             self.packed = torch.ops.quantized.linear_prepack(qweight, None)
-        self.bounds = torch.zeros(1, w.shape[1])
+        self.out_features = qweight.shape[0]
+        self.bounds = torch.zeros(1, qweight.shape[1])
         self.bounds[0, 0], self.bounds[0, -1] = 1.0, -1.0
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
         """[M, K] fp32 -> [M, N] fp32."""
-        peak = rows.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)  # [M, 1]
+        peak = torch.linalg.vector_norm(rows, float("inf"), dim=-1, keepdim=True).clamp_min_(1e-30)  # [M, 1]
         unit = torch.cat([rows / peak, self.bounds])
-        return torch.ops.quantized.linear_dynamic(unit, self.packed, True)[:-1] * peak
+        return torch.ops.quantized.linear_dynamic(unit, self.packed, True)[:-1].mul_(peak)
+
+    def quantized_weight(self) -> torch.Tensor:
+        """[N, K] int8 per-channel quantised tensor."""
+        return torch.ops.quantized.linear_unpack(self.packed)[0]
 
     def dequantized(self) -> torch.Tensor:
-        qweight, _ = torch.ops.quantized.linear_unpack(self.packed)
-        return qweight.dequantize()
+        return self.quantized_weight().dequantize()
+
+    def select_outputs(self, ids: torch.Tensor) -> _RowQuantGemm:
+        """The GEMM of output channels `ids` [n] alone: each computes what it computes here."""
+        q = self.quantized_weight()
+        with _fbgemm():
+            subset = torch._make_per_channel_quantized_tensor(
+                q.int_repr()[ids], q.q_per_channel_scales()[ids], q.q_per_channel_zero_points()[ids], 0)
+        return _RowQuantGemm(subset)
 
 
 class Int8Linear(torch.nn.Module):
@@ -138,18 +155,31 @@ class Int8Linear(torch.nn.Module):
 
     def __init__(self, linear: torch.nn.Linear, outliers: torch.Tensor | None = None):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
         w = linear.weight.detach()
         if outliers is None or len(outliers) == 0:
-            self.channels = None
-            self._gemms = [_RowQuantGemm(w)]
+            channels, gemms = None, [_RowQuantGemm(w)]
         else:
-            inliers = torch.ones(self.in_features, dtype=torch.bool)
+            inliers = torch.ones(linear.in_features, dtype=torch.bool)
             inliers[outliers] = False
-            self.channels = [inliers.nonzero().squeeze(1), outliers.sort().values]  # [K - k], [k]
-            self._gemms = [_RowQuantGemm(w[:, c]) for c in self.channels]
-        self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+            channels = [inliers.nonzero().squeeze(1), outliers.sort().values]  # [K - k], [k]
+            gemms = [_RowQuantGemm(w[:, c]) for c in channels]
+        self._assign(gemms, channels, None if linear.bias is None else linear.bias.detach().float(), linear.in_features)
+
+    def _assign(self, gemms: list[_RowQuantGemm], channels: list[torch.Tensor] | None, bias: torch.Tensor | None,
+                in_features: int) -> None:
+        self._gemms, self.channels = gemms, channels
+        self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+        self.in_features, self.out_features = in_features, gemms[0].out_features
         self._dense: torch.Tensor | None = None
+
+    def select_outputs(self, ids: torch.Tensor) -> Int8Linear:
+        """A layer of output channels `ids` [n] alone (a reduced LM head), each computed exactly
+        as it is here."""
+        subset = Int8Linear.__new__(Int8Linear)
+        torch.nn.Module.__init__(subset)
+        bias = None if self.bias is None else self.bias.detach()[ids]
+        subset._assign([gemm.select_outputs(ids) for gemm in self._gemms], self.channels, bias, self.in_features)
+        return subset
 
     @property
     def weight(self) -> torch.Tensor:
@@ -178,6 +208,66 @@ class Int8Linear(torch.nn.Module):
     def extra_repr(self) -> str:
         k = 0 if self.channels is None else len(self.channels[1])
         return f"in_features={self.in_features}, out_features={self.out_features}, w8a8 per-token, {k} outlier channels"
+
+
+class _SharedInputGemm:
+    """One `Int8Linear` over sibling projections that a decoder layer feeds the same tensor
+    (q / k / v, gate / up): their rows quantised once and one GEMM call instead of one each.
+
+    Each output channel computes exactly what its own layer computes (per-channel weights, per-row
+    activations, an exact integer product), so fusing changes no bit. The first projection called
+    with an input computes them all; the others take their slice of that result, which is dropped
+    once every projection had its share. A call with any other input computes afresh, so a host
+    that feeds the projections different tensors gets the right answer, only without the saving.
+    """
+
+    def __init__(self, linears: list[torch.nn.Linear]):
+        fused = torch.nn.Linear(linears[0].in_features, sum(m.out_features for m in linears),
+                                bias=any(m.bias is not None for m in linears))
+        fused.weight.data = torch.cat([m.weight.detach().float() for m in linears])
+        if fused.bias is not None:
+            fused.bias.data = torch.cat([m.bias.detach().float() if m.bias is not None else
+                                         torch.zeros(m.out_features) for m in linears])
+        self.linear = Int8Linear(fused)
+        ends = torch.tensor([m.out_features for m in linears]).cumsum(0).tolist()
+        self.spans = list(zip([0, *ends[:-1]], ends))
+        self._input, self._version, self._output, self._pending = None, -1, None, set()
+
+    def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """[..., in] -> [..., out of projection `index`]."""
+        if x is not self._input or x._version != self._version or index not in self._pending:
+            self._input, self._version, self._output = x, x._version, self.linear(x)
+            self._pending = set(range(len(self.spans)))
+        output = self._output[..., slice(*self.spans[index])]
+        self._pending.discard(index)
+        if not self._pending:
+            self._input = self._output = None
+        return output
+
+
+class Int8Projection(torch.nn.Module):
+    """One projection of a `_SharedInputGemm`, in its layer's place: [..., in] -> [..., out]."""
+
+    def __init__(self, group: _SharedInputGemm, index: int):
+        super().__init__()
+        self._group, self._index = group, index  # the group is not a module: shared, not registered twice
+        self.in_features = group.linear.in_features
+        self.out_features = group.spans[index][1] - group.spans[index][0]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantised weight [out, in] (fp32), as `Int8Linear.weight`."""
+        return self._group.linear.weight[slice(*self._group.spans[self._index])]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._group.output(x, self._index)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, w8a8 per-token, one GEMM with its siblings"
+
+
+# Projections every supported decoder layer (Llama, Qwen2, Mistral naming) feeds the same tensor.
+SHARED_INPUT_PROJECTIONS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 # The project's own calibration text: prose, code, arithmetic and chat, as the tasks have them.
@@ -241,6 +331,15 @@ def quantize_linears(model: PreTrainedModel, kind: str, keep_head: bool = False,
         raise ValueError(f"{kind} runs on CPU only (fbgemm / CPU int8 kernels), the model is on {model.device}")
     head = model.get_output_embeddings()
     for module_name, module in list(model.named_modules()):
+        children = dict(module.named_children())
+        if kind == "int8":
+            for names in SHARED_INPUT_PROJECTIONS:
+                linears = [children.get(n) for n in names]
+                if all(isinstance(m, torch.nn.Linear) for m in linears) and len({m.in_features for m in linears}) == 1 \
+                        and not any(outliers and f"{module_name}.{n}" in outliers for n in names):
+                    group = _SharedInputGemm(linears)
+                    for index, name in enumerate(names):
+                        setattr(module, name, Int8Projection(group, index))
         for child_name, child in list(module.named_children()):
             if isinstance(child, torch.nn.Linear) and (child is not head or not keep_head):
                 name = f"{module_name}.{child_name}" if module_name else child_name

@@ -21,6 +21,8 @@ from typing import Iterable
 import torch
 from transformers import PreTrainedModel
 
+from .quantize import Int8Linear
+
 # Shipped vocabularies: package data, selected by name (a file path works too).
 SHIPPED_DIR = "vocab"
 
@@ -121,12 +123,18 @@ class ReducedHead(torch.nn.Module):
             raise ValueError("reduced draft heads do not support models with final_logit_softcapping")
         ids = torch.tensor(vocabulary.token_ids, dtype=torch.long, device=model.device)
         self.register_buffer("token_ids", ids, persistent=False)  # [N]
+        if isinstance(head, Int8Linear):  # an int8 model: the kept rows stay int8, each scoring as in the full head
+            self.int8 = head.select_outputs(ids)
+            return
+        self.int8 = None
         self.weight = torch.nn.Parameter(head.weight.detach().index_select(0, ids), requires_grad=False)  # [N, d]
         bias = getattr(head, "bias", None)
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach()[ids], requires_grad=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., d] hidden states -> [..., N] logits over the kept ids."""
+        if self.int8 is not None:
+            return self.int8(hidden)
         return torch.nn.functional.linear(hidden, self.weight, self.bias)
 
 
