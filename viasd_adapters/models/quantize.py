@@ -172,14 +172,20 @@ class Int8Linear(torch.nn.Module):
         self.in_features, self.out_features = in_features, gemms[0].out_features
         self._dense: torch.Tensor | None = None
 
+    @classmethod
+    def from_parts(cls, gemms: list[_RowQuantGemm], channels: list[torch.Tensor] | None, bias: torch.Tensor | None,
+                   in_features: int) -> Int8Linear:
+        layer = cls.__new__(cls)
+        torch.nn.Module.__init__(layer)
+        layer._assign(gemms, channels, bias, in_features)
+        return layer
+
     def select_outputs(self, ids: torch.Tensor) -> Int8Linear:
         """A layer of output channels `ids` [n] alone (a reduced LM head), each computed exactly
         as it is here."""
-        subset = Int8Linear.__new__(Int8Linear)
-        torch.nn.Module.__init__(subset)
         bias = None if self.bias is None else self.bias.detach()[ids]
-        subset._assign([gemm.select_outputs(ids) for gemm in self._gemms], self.channels, bias, self.in_features)
-        return subset
+        return Int8Linear.from_parts([gemm.select_outputs(ids) for gemm in self._gemms], self.channels, bias,
+                                     self.in_features)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -222,13 +228,10 @@ class _SharedInputGemm:
     """
 
     def __init__(self, linears: list[torch.nn.Linear]):
-        fused = torch.nn.Linear(linears[0].in_features, sum(m.out_features for m in linears),
-                                bias=any(m.bias is not None for m in linears))
-        fused.weight.data = torch.cat([m.weight.detach().float() for m in linears])
-        if fused.bias is not None:
-            fused.bias.data = torch.cat([m.bias.detach().float() if m.bias is not None else
-                                         torch.zeros(m.out_features) for m in linears])
-        self.linear = Int8Linear(fused)
+        weight = torch.cat([m.weight.detach() for m in linears])
+        bias = None if all(m.bias is None for m in linears) else torch.cat(
+            [m.bias.detach().float() if m.bias is not None else torch.zeros(m.out_features) for m in linears])
+        self.linear = Int8Linear.from_parts([_RowQuantGemm(weight)], None, bias, linears[0].in_features)
         ends = torch.tensor([m.out_features for m in linears]).cumsum(0).tolist()
         self.spans = list(zip([0, *ends[:-1]], ends))
         self._input, self._version, self._output, self._pending = None, -1, None, set()
