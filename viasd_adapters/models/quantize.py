@@ -7,6 +7,7 @@ draft copies.
   the int8 target reproduces int8 AR (docs/int8.md). fbgemm's dynamic int8 GEMM multiplies: on
   CPUs without AVX-512 BF16 it is the cheapest kernel at every row count and grows far slower with
   rows than bf16 does (measured in docs/int8.md). Everything but the linear layers computes in fp32.
+  Projections a layer feeds the same input (q / k / v, gate / up) share one GEMM.
 * A drafter's precision never changes a lossless output (the target decides every token), only
   how often its drafts are accepted; docs/drafting.md has the measured cost and acceptance of the
   draft-only variants below.
