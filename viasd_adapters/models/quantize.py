@@ -239,14 +239,20 @@ class _SharedInputGemm:
 
     def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
         """[..., in] -> [..., out of projection `index`]."""
-        if x is not self._input or x._version != self._version or index not in self._pending:
-            self._input, self._version, self._output = x, x._version, self.linear(x)
+        version = _version(x)
+        if x is not self._input or version != self._version or index not in self._pending:
+            self._input, self._version, self._output = x, version, self.linear(x)
             self._pending = set(range(len(self.spans)))
         output = self._output[..., slice(*self.spans[index])]
         self._pending.discard(index)
         if not self._pending:
             self._input = self._output = None
         return output
+
+
+def _version(x: torch.Tensor) -> int:
+    """x's in-place write counter; inference-mode tensors keep none (-1: identity alone decides)."""
+    return -1 if x.is_inference() else x._version
 
 
 class Int8Projection(torch.nn.Module):
