@@ -317,6 +317,18 @@ def calibrate_outliers(model: PreTrainedModel, tokenizer, text: str = CALIBRATIO
     return {name: peak.topk(max(1, int(len(peak) * share))).indices for name, peak in peaks.items()}
 
 
+def _share_input_gemms(name: str, module: torch.nn.Module, outliers: dict[str, torch.Tensor]) -> None:
+    """Puts each group of `SHARED_INPUT_PROJECTIONS` that `module` has whole (dense, one input
+    width, no outlier channels) on one int8 GEMM, in place."""
+    for names in SHARED_INPUT_PROJECTIONS:
+        linears = [getattr(module, n, None) for n in names]
+        if (all(isinstance(m, torch.nn.Linear) for m in linears) and len({m.in_features for m in linears}) == 1
+                and not any(f"{name}.{n}" in outliers for n in names)):
+            group = _SharedInputGemm(linears)
+            for index, projection in enumerate(names):
+                setattr(module, projection, Int8Projection(group, index))
+
+
 QUANTIZATIONS = {"int8": Int8Linear, "int8-weight": Int8WeightLinear, "int8-dynamic": DynamicInt8Linear}
 
 
@@ -333,23 +345,17 @@ def quantized_copy(model: PreTrainedModel, kind: str, keep_head: bool = False) -
 
 def quantize_linears(model: PreTrainedModel, kind: str, keep_head: bool = False,
                      outliers: dict[str, torch.Tensor] | None = None) -> PreTrainedModel:
-    """`model` with its decoder linear layers (and LM head, unless `keep_head`) replaced, in place;
-    `outliers` (int8 only): input channels kept in a group of their own, by module name."""
+    """`model` with its decoder linear layers (and LM head, unless `keep_head`) replaced, in place
+    (int8: q / k / v and gate / up each on one shared GEMM); `outliers` (int8 only): input channels
+    kept in a group of their own, by module name."""
     if kind not in QUANTIZATIONS:
         raise ValueError(f"quantization {kind!r} is not one of {sorted(QUANTIZATIONS)}")
     if model.device.type != "cpu":
         raise ValueError(f"{kind} runs on CPU only (fbgemm / CPU int8 kernels), the model is on {model.device}")
     head = model.get_output_embeddings()
     for module_name, module in list(model.named_modules()):
-        children = dict(module.named_children())
         if kind == "int8":
-            for names in SHARED_INPUT_PROJECTIONS:
-                linears = [children.get(n) for n in names]
-                if all(isinstance(m, torch.nn.Linear) for m in linears) and len({m.in_features for m in linears}) == 1 \
-                        and not any(outliers and f"{module_name}.{n}" in outliers for n in names):
-                    group = _SharedInputGemm(linears)
-                    for index, name in enumerate(names):
-                        setattr(module, name, Int8Projection(group, index))
+            _share_input_gemms(module_name, module, outliers or {})
         for child_name, child in list(module.named_children()):
             if isinstance(child, torch.nn.Linear) and (child is not head or not keep_head):
                 name = f"{module_name}.{child_name}" if module_name else child_name
