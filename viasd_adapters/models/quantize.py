@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import warnings
 
 import torch
@@ -93,6 +94,13 @@ def _fbgemm():
         torch.backends.quantized.engine = engine
 
 
+def _quantize_per_channel(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] float -> int8 quantised tensor, one symmetric scale per output channel (row)."""
+    w = weight.detach().float()
+    scales = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0).double()  # [N]
+    return torch.quantize_per_channel(w, scales, torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8)
+
+
 class _RowQuantGemm:
     """x W^T with W int8 per output channel and each row of x quantised by itself (W8A8).
 
@@ -109,14 +117,8 @@ class _RowQuantGemm:
 
     def __init__(self, weight: torch.Tensor):
         """`weight`: [N, K] float, quantised here, or an int8 per-channel quantised tensor."""
-        if weight.is_quantized:
-            qweight = weight
-        else:
-            w = weight.detach().float()
-            scales = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0).double()  # [N]
-            with _fbgemm():
-                qweight = torch.quantize_per_channel(w, scales, torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8)
         with _fbgemm():
+            qweight = weight if weight.is_quantized else _quantize_per_channel(weight)
             self.packed = torch.ops.quantized.linear_prepack(qweight, None)
         self.out_features = qweight.shape[0]
         self.bounds = torch.zeros(1, qweight.shape[1])
@@ -233,8 +235,8 @@ class _SharedInputGemm:
         bias = None if all(m.bias is None for m in linears) else torch.cat(
             [m.bias.detach().float() if m.bias is not None else torch.zeros(m.out_features) for m in linears])
         self.linear = Int8Linear.from_parts([_RowQuantGemm(weight)], None, bias, linears[0].in_features)
-        ends = torch.tensor([m.out_features for m in linears]).cumsum(0).tolist()
-        self.spans = list(zip([0, *ends[:-1]], ends))
+        ends = list(itertools.accumulate(m.out_features for m in linears))
+        self.spans = list(zip([0, *ends[:-1]], ends))  # each projection's output columns
         self._input, self._version, self._output, self._pending = None, -1, None, set()
 
     def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
