@@ -56,6 +56,7 @@ from scipy.optimize import nnls
 from .decode.schedule import AdaptiveDraftLength, DraftCosts, best_draft_length, expected_speedup
 from .draft import ModelDrafter
 from .hardware import cpu_info, device_label, synchronize
+from .models.offline import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +64,7 @@ FORMAT = 1  # bump when an entry's meaning changes; older files are then measure
 
 
 def profile_dir() -> Path:
-    root = os.environ.get("VIASD_CACHE") or Path.home() / ".cache" / "viasd-adapters"
-    return Path(root) / "profiles"
+    return cache_root() / "profiles"
 
 
 def default_profile_path(device: str = "cpu") -> Path:

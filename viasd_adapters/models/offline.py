@@ -131,11 +131,16 @@ class TokenizerMeta:
         return [self.eos_id] + ([self.eot_id] if self.eot_id not in (None, self.eos_id) else [])
 
 
+def cache_root() -> Path:
+    """Where the project caches what it derives from models: `$VIASD_CACHE`, by default
+    ~/.cache/viasd-adapters."""
+    root = os.environ.get("VIASD_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "viasd-adapters"
+
+
 def cache_dir(name: str) -> Path:
     """The cached fp32 folder of an offline model (it may not exist yet)."""
-    root = os.environ.get("VIASD_CACHE")
-    base = Path(root).expanduser() if root else Path.home() / ".cache" / "viasd-adapters"
-    return base / "models" / name
+    return cache_root() / "models" / name
 
 
 def _install_hint(source: OfflineSource) -> str:

@@ -98,7 +98,46 @@ def _quantize_per_channel(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] float -> int8 quantised tensor, one symmetric scale per output channel (row)."""
     w = weight.detach().float()
     scales = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0).double()  # [N]
-    return torch.quantize_per_channel(w, scales, torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8)
+    with _fbgemm():
+        return torch.quantize_per_channel(w, scales, torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8)
+
+
+def _per_channel(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """int8 values [N, K] and float64 scales [N] -> the per-channel quantised tensor they make."""
+    with _fbgemm():
+        return torch._make_per_channel_quantized_tensor(values, scales, torch.zeros_like(scales, dtype=torch.long), 0)
+
+
+class Int8Weights:
+    """Where int8 layers get their per-channel weights, by key: quantised from the float weight,
+    or taken from an earlier quantisation's `state()` (`models.int8_cache`), in which case the
+    float weight is never read."""
+
+    def __init__(self, stored: dict[str, torch.Tensor] | None = None, keep: bool = False):
+        """`keep`: remember every weight handed out, for `state()`."""
+        self.stored, self.keep = stored or {}, keep
+        self.kept: dict[str, torch.Tensor] = {}
+        self.quantized: list[str] = []  # keys quantised from a float weight (not in `stored`)
+
+    def __call__(self, key: str, weight) -> torch.Tensor:
+        """`weight`: a callable returning the [N, K] float weight, called only when `key` is not stored."""
+        if f"{key}.int8" in self.stored:
+            q = _per_channel(self.stored[f"{key}.int8"], self.stored[f"{key}.scales"])
+        else:
+            q = _quantize_per_channel(weight())
+            self.quantized.append(key)
+        if self.keep:
+            self.kept[key] = q
+        return q
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Every kept weight as `<key>.int8` [N, K] int8 and `<key>.scales` [N] float64, handed
+        over: each is dropped here as it is converted, so a model's weights are held twice at most."""
+        state = {}
+        while self.kept:
+            key, q = self.kept.popitem()
+            state[f"{key}.int8"], state[f"{key}.scales"] = q.int_repr(), q.q_per_channel_scales()
+        return state
 
 
 class _RowQuantGemm:
@@ -117,8 +156,8 @@ class _RowQuantGemm:
 
     def __init__(self, weight: torch.Tensor):
         """`weight`: [N, K] float, quantised here, or an int8 per-channel quantised tensor."""
+        qweight = weight if weight.is_quantized else _quantize_per_channel(weight)
         with _fbgemm():
-            qweight = weight if weight.is_quantized else _quantize_per_channel(weight)
             self.packed = torch.ops.quantized.linear_prepack(qweight, None)
         self.out_features = qweight.shape[0]
         self.bounds = torch.zeros(1, qweight.shape[1])
@@ -141,10 +180,7 @@ class _RowQuantGemm:
     def select_outputs(self, ids: torch.Tensor) -> _RowQuantGemm:
         """The GEMM of output channels `ids` [n] alone: each computes what it computes here."""
         q = self.quantized_weight()
-        with _fbgemm():
-            subset = torch._make_per_channel_quantized_tensor(
-                q.int_repr()[ids], q.q_per_channel_scales()[ids], q.q_per_channel_zero_points()[ids], 0)
-        return _RowQuantGemm(subset)
+        return _RowQuantGemm(_per_channel(q.int_repr()[ids], q.q_per_channel_scales()[ids]))
 
 
 class Int8Linear(torch.nn.Module):
@@ -157,16 +193,20 @@ class Int8Linear(torch.nn.Module):
     GEMM, so both groups keep their resolution and every row stays independent of the others.
     """
 
-    def __init__(self, linear: torch.nn.Linear, outliers: torch.Tensor | None = None):
+    def __init__(self, linear: torch.nn.Linear, outliers: torch.Tensor | None = None,
+                 weights: Int8Weights | None = None, key: str = "weight"):
+        """`weights`, `key`: where the int8 weight comes from (default: quantised from `linear`'s)."""
         super().__init__()
+        weights = weights or Int8Weights()
         w = linear.weight.detach()
         if outliers is None or len(outliers) == 0:
-            channels, gemms = None, [_RowQuantGemm(w)]
+            channels, gemms = None, [_RowQuantGemm(weights(key, lambda: w))]
         else:
             inliers = torch.ones(linear.in_features, dtype=torch.bool)
             inliers[outliers] = False
             channels = [inliers.nonzero().squeeze(1), outliers.sort().values]  # [K - k], [k]
-            gemms = [_RowQuantGemm(w[:, c]) for c in channels]
+            gemms = [_RowQuantGemm(weights(f"{key}.{part}", lambda c=c: w[:, c]))
+                     for part, c in zip(("inliers", "outliers"), channels)]
         self._assign(gemms, channels, None if linear.bias is None else linear.bias.detach().float(), linear.in_features)
 
     def _assign(self, gemms: list[_RowQuantGemm], channels: list[torch.Tensor] | None, bias: torch.Tensor | None,
@@ -231,11 +271,11 @@ class _SharedInputGemm:
     that feeds the projections different tensors gets the right answer, only without the saving.
     """
 
-    def __init__(self, linears: list[torch.nn.Linear]):
-        weight = torch.cat([m.weight.detach() for m in linears])
+    def __init__(self, linears: list[torch.nn.Linear], weights: Int8Weights | None = None, key: str = "weight"):
+        weight = _RowQuantGemm((weights or Int8Weights())(key, lambda: torch.cat([m.weight.detach() for m in linears])))
         bias = None if all(m.bias is None for m in linears) else torch.cat(
             [m.bias.detach().float() if m.bias is not None else torch.zeros(m.out_features) for m in linears])
-        self.linear = Int8Linear.from_parts([_RowQuantGemm(weight)], None, bias, linears[0].in_features)
+        self.linear = Int8Linear.from_parts([weight], None, bias, linears[0].in_features)
         ends = list(itertools.accumulate(m.out_features for m in linears))
         self.spans = list(zip([0, *ends[:-1]], ends))  # each projection's output columns
         self._input, self._version, self._output, self._pending = None, -1, None, set()
@@ -320,14 +360,14 @@ def calibrate_outliers(model: PreTrainedModel, tokenizer, text: str = CALIBRATIO
     return {name: peak.topk(max(1, int(len(peak) * share))).indices for name, peak in peaks.items()}
 
 
-def _share_input_gemms(name: str, module: torch.nn.Module, outliers: dict[str, torch.Tensor]) -> None:
+def _share_input_gemms(name: str, module: torch.nn.Module, outliers: dict[str, torch.Tensor], weights: Int8Weights) -> None:
     """Puts each group of `SHARED_INPUT_PROJECTIONS` that `module` has whole (dense, one input
     width, no outlier channels) on one int8 GEMM, in place."""
     for names in SHARED_INPUT_PROJECTIONS:
         linears = [getattr(module, n, None) for n in names]
         if (all(isinstance(m, torch.nn.Linear) for m in linears) and len({m.in_features for m in linears}) == 1
                 and not any(f"{name}.{n}" in outliers for n in names)):
-            group = _SharedInputGemm(linears)
+            group = _SharedInputGemm(linears, weights, f"{name}.{'+'.join(names)}")
             for index, projection in enumerate(names):
                 setattr(module, projection, Int8Projection(group, index))
 
@@ -347,21 +387,25 @@ def quantized_copy(model: PreTrainedModel, kind: str, keep_head: bool = False) -
 
 
 def quantize_linears(model: PreTrainedModel, kind: str, keep_head: bool = False,
-                     outliers: dict[str, torch.Tensor] | None = None) -> PreTrainedModel:
+                     outliers: dict[str, torch.Tensor] | None = None, weights: Int8Weights | None = None) -> PreTrainedModel:
     """`model` with its decoder linear layers (and LM head, unless `keep_head`) replaced, in place
-    (int8: q / k / v and gate / up each on one shared GEMM); `outliers` (int8 only): input channels
-    kept in a group of their own, by module name."""
+    (int8: q / k / v and gate / up each on one shared GEMM). int8 only: `outliers`, input channels
+    kept in a group of their own, by module name; `weights`, where the int8 weights come from
+    (keyed by module name)."""
     if kind not in QUANTIZATIONS:
         raise ValueError(f"quantization {kind!r} is not one of {sorted(QUANTIZATIONS)}")
     if model.device.type != "cpu":
         raise ValueError(f"{kind} runs on CPU only (fbgemm / CPU int8 kernels), the model is on {model.device}")
     head = model.get_output_embeddings()
+    weights = weights or Int8Weights()
     for module_name, module in list(model.named_modules()):
         if kind == "int8":
-            _share_input_gemms(module_name, module, outliers or {})
+            _share_input_gemms(module_name, module, outliers or {}, weights)
         for child_name, child in list(module.named_children()):
             if isinstance(child, torch.nn.Linear) and (child is not head or not keep_head):
                 name = f"{module_name}.{child_name}" if module_name else child_name
-                extra = {"outliers": outliers[name]} if outliers and name in outliers else {}
+                extra = {"weights": weights, "key": name} if kind == "int8" else {}
+                if outliers and name in outliers:
+                    extra["outliers"] = outliers[name]
                 setattr(module, child_name, QUANTIZATIONS[kind](child, **extra))
     return model.eval()

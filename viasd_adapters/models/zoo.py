@@ -20,7 +20,7 @@ from .offline import (
     ensure_cached,
     tokenizer_meta_from_provenance,
 )
-from .quantize import calibrate_outliers, quantize_linears
+from .int8_cache import quantize_int8
 from .row_attention import ROW_INVARIANT_ATTENTION
 from .spec import LoadedModel, ModelSpec
 from .tiny import build_tiny_model
@@ -38,13 +38,19 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     """
     loaded = _load(spec)
     if spec.quantization:
-        start = time.perf_counter()
-        outliers = calibrate_outliers(loaded.model, loaded.tokenizer)
-        quantize_linears(loaded.model, spec.quantization, outliers=outliers)
+        quantize_int8(loaded.model, loaded.tokenizer, _source_folder(spec))
         # Quantised layers amplify SDPA's block-vs-step rounding: rows computed as steps are.
         loaded.model.config._attn_implementation = ROW_INVARIANT_ATTENTION
-        logger.info("quantised %s to %s in %.1f s", spec.name, spec.quantization, time.perf_counter() - start)
     return loaded
+
+
+def _source_folder(spec: ModelSpec) -> Path | None:
+    """The folder `spec.name` loads from: an offline zoo model's cache or a local folder (None: a
+    hub id or a tiny model, whose int8 weights are not cached)."""
+    if spec.name in OFFLINE_MODELS:
+        return ensure_cached(spec.name)
+    local = Path(spec.name).expanduser()
+    return local if local.is_dir() else None
 
 
 def _load(spec: ModelSpec) -> LoadedModel:

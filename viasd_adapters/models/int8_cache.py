@@ -1,0 +1,113 @@
+"""int8 models through an on-disk cache: the first load of a model folder in int8 calibrates and
+quantises it and keeps the result (outlier channels and per-channel int8 weights) in
+`$VIASD_CACHE/int8/`; later loads read it back, skipping the calibration forward and the
+quantisation and never reading the float linear weights. The cached weights are the ones
+quantisation computes, so a cached load gives bitwise the same model (tests/models/test_int8_cache.py).
+
+A cache file records what it was made from (the folder's weight and config files, sizes and
+modification times; the quantisation's settings; torch's version) and is remade when any of it
+changes. An unreadable or stale file is remade with a warning, never trusted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+from transformers import PreTrainedModel
+
+from .offline import cache_root
+from .quantize import CALIBRATION_TEXT, OUTLIER_SHARE, Int8Weights, calibrate_outliers, quantize_linears
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1  # raise when the cached tensors' meaning changes
+_OUTLIERS = "outliers."  # prefix of the outlier channel tensors, the rest are `Int8Weights` keys
+
+
+def cache_path(source: Path) -> Path:
+    """The cache file of the model folder `source` (two folders of one name do not collide)."""
+    digest = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:10]
+    return cache_root() / "int8" / f"{source.name}-{digest}.safetensors"
+
+
+def cache_key(source: Path) -> dict:
+    """What a cache file must have been made from to be used for `source`."""
+    files = sorted(p for p in source.iterdir() if p.suffix in (".safetensors", ".bin") or p.name == "config.json")
+    return {
+        "format": FORMAT,
+        "torch": torch.__version__,
+        "outlier_share": OUTLIER_SHARE,
+        "calibration_sha256": hashlib.sha256(CALIBRATION_TEXT.encode()).hexdigest(),
+        "files": {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in files},
+    }
+
+
+def quantize_int8(model: PreTrainedModel, tokenizer, source: Path | None) -> str:
+    """`model` quantised to int8 in place (`quantize.quantize_linears` with calibrated outlier
+    channels), read from or written to the cache of the folder `source` (None: no cache).
+
+    Returns how: "cached" (read), "quantised" (and written to the cache) or "uncached".
+    """
+    start = time.perf_counter()
+    path = None if source is None else cache_path(source)
+    key = None if source is None else cache_key(source)
+    stored = None if path is None else _read(path, key)
+    if stored is not None:
+        outliers = {name.removeprefix(_OUTLIERS): t for name, t in stored.items() if name.startswith(_OUTLIERS)}
+    else:
+        outliers = calibrate_outliers(model, tokenizer)
+    weights = Int8Weights(stored, keep=stored is None and path is not None)
+    quantize_linears(model, "int8", outliers=outliers, weights=weights)
+    seconds = time.perf_counter() - start
+    if stored is not None and weights.quantized:
+        logger.warning("int8 cache %s lacked %d of the weights (quantised from the checkpoint instead); removed it,"
+                       " the next load writes it anew", path, len(weights.quantized))
+        path.unlink(missing_ok=True)
+    if stored is not None:
+        logger.info("int8 weights of %s read from %s in %.1f s", source, path, seconds)
+        return "cached"
+    logger.info("quantised %s to int8 in %.1f s", source or "the model", seconds)
+    if path is None:
+        return "uncached"
+    _write(path, key, {**weights.state(), **{_OUTLIERS + name: t for name, t in outliers.items()}})
+    return "quantised"
+
+
+def _read(path: Path, key: dict) -> dict[str, torch.Tensor] | None:
+    """The cached tensors, or None (with the reason logged) when there are none to trust."""
+    if not path.exists():
+        return None
+    try:
+        with safe_open(str(path), "pt") as f:
+            recorded = json.loads((f.metadata() or {}).get("key", "null"))
+        if recorded != key:
+            logger.warning("int8 cache %s was made from other files or settings; quantising anew (about half a minute"
+                           " for a 1.5B model) and replacing it", path)
+            return None
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        logger.warning("int8 cache %s is unreadable (%s); quantising anew and replacing it", path, err)
+        return None
+
+
+def _write(path: Path, key: dict, state: dict[str, torch.Tensor]) -> None:
+    """Writes the cache file whole or not at all (a crash leaves no half file behind)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({k: t.contiguous() for k, t in state.items()}, str(tmp), metadata={"key": json.dumps(key)})
+        os.replace(tmp, path)
+        logger.info("int8 weights cached in %s (%.2f GB) for later loads", path, path.stat().st_size / 1e9)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        logger.warning("could not write the int8 cache %s (%s); later loads quantise again", path, err)
