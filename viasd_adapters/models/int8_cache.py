@@ -51,35 +51,29 @@ def cache_key(source: Path) -> dict:
     }
 
 
-def quantize_int8(model: PreTrainedModel, tokenizer, source: Path | None) -> str:
+def quantize_int8(model: PreTrainedModel, tokenizer, source: Path | None) -> None:
     """`model` quantised to int8 in place (`quantize.quantize_linears` with calibrated outlier
-    channels), read from or written to the cache of the folder `source` (None: no cache).
-
-    Returns how: "cached" (read), "quantised" (and written to the cache) or "uncached".
-    """
+    channels), read from or written to the cache of the folder `source` (None: no cache)."""
     start = time.perf_counter()
-    path = None if source is None else cache_path(source)
-    key = None if source is None else cache_key(source)
-    stored = None if path is None else _read(path, key)
-    if stored is not None:
-        outliers = {name.removeprefix(_OUTLIERS): t for name, t in stored.items() if name.startswith(_OUTLIERS)}
-    else:
+    path, key = (cache_path(source), cache_key(source)) if source is not None else (None, None)
+    stored = _read(path, key) if path is not None else None
+    if stored is None:
         outliers = calibrate_outliers(model, tokenizer)
+    else:
+        outliers = {name.removeprefix(_OUTLIERS): t for name, t in stored.items() if name.startswith(_OUTLIERS)}
     weights = Int8Weights(stored, keep=stored is None and path is not None)
     quantize_linears(model, "int8", outliers=outliers, weights=weights)
     seconds = time.perf_counter() - start
-    if stored is not None and weights.quantized:
+    if stored is None:
+        logger.info("quantised %s to int8 in %.1f s", source or "the model", seconds)
+        if path is not None:
+            _write(path, key, {**weights.state(), **{_OUTLIERS + name: t for name, t in outliers.items()}})
+    elif weights.quantized:
         logger.warning("int8 cache %s lacked %d of the weights (quantised from the checkpoint instead); removed it,"
                        " the next load writes it anew", path, len(weights.quantized))
         path.unlink(missing_ok=True)
-    if stored is not None:
+    else:
         logger.info("int8 weights of %s read from %s in %.1f s", source, path, seconds)
-        return "cached"
-    logger.info("quantised %s to int8 in %.1f s", source or "the model", seconds)
-    if path is None:
-        return "uncached"
-    _write(path, key, {**weights.state(), **{_OUTLIERS + name: t for name, t in outliers.items()}})
-    return "quantised"
 
 
 def _read(path: Path, key: dict) -> dict[str, torch.Tensor] | None:

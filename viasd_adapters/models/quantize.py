@@ -272,10 +272,10 @@ class _SharedInputGemm:
     """
 
     def __init__(self, linears: list[torch.nn.Linear], weights: Int8Weights | None = None, key: str = "weight"):
-        weight = _RowQuantGemm((weights or Int8Weights())(key, lambda: torch.cat([m.weight.detach() for m in linears])))
+        gemm = _RowQuantGemm((weights or Int8Weights())(key, lambda: torch.cat([m.weight.detach() for m in linears])))
         bias = None if all(m.bias is None for m in linears) else torch.cat(
             [m.bias.detach().float() if m.bias is not None else torch.zeros(m.out_features) for m in linears])
-        self.linear = Int8Linear.from_parts([weight], None, bias, linears[0].in_features)
+        self.linear = Int8Linear.from_parts([gemm], None, bias, linears[0].in_features)
         ends = list(itertools.accumulate(m.out_features for m in linears))
         self.spans = list(zip([0, *ends[:-1]], ends))  # each projection's output columns
         self._input, self._version, self._output, self._pending = None, -1, None, set()
