@@ -18,7 +18,7 @@ flags\t\t: fpu sse2 avx avx2 fma
 
 
 def test_intel_amx_machine():
-    info = cpu_info(INTEL)
+    info = cpu_info(INTEL, environ={})
     assert info.model == "Intel(R) Xeon(R) Platinum 8480+"
     assert info.isa == ("AMX-BF16", "AMX-INT8", "AVX512-BF16", "AVX-512", "AVX2")
     assert info.slug == "intel-r-xeon-r-platinum-8480-amx"
@@ -26,12 +26,20 @@ def test_intel_amx_machine():
 
 
 def test_amd_avx2_machine():
-    info = cpu_info(AMD)
+    info = cpu_info(AMD, environ={})
     assert info.isa == ("AVX2",) and info.slug == "amd-epyc-7b13-64-core-processor-avx2"
     assert "(AVX2; " in info.label
 
 
 def test_no_cpuinfo_still_names_something():
     assert parse_cpuinfo("") == (None, set())
-    info = cpu_info("")
+    info = cpu_info("", environ={})
     assert info.model and info.isa == () and info.isa_label == "no AVX2" and info.logical_cores >= 1
+
+
+def test_kernel_limits_are_named_and_keep_their_own_files():
+    emulated = cpu_info(INTEL, environ={"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "PATH": "/bin"})
+    assert emulated.limits == ("ATEN_CPU_CAPABILITY=avx2", "ONEDNN_MAX_CPU_ISA=AVX2")
+    assert emulated.label.endswith("; kernels limited: ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2)")
+    real, other = cpu_info(INTEL, environ={}), cpu_info(INTEL, environ={"ATEN_CPU_CAPABILITY": "avx2"})
+    assert len({real.slug, emulated.slug, other.slug}) == 3 and emulated.slug.startswith(real.slug + "-limited-")

@@ -3,6 +3,7 @@ decide which kernels torch can use (AMX tiles, AVX-512, AVX2), and how the clock
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import re
@@ -22,6 +23,11 @@ ISA_FLAGS = {
     "avx2": "AVX2",
 }
 
+# Environment variables that keep a library's kernels below what the CPU has (how an AVX2-only CPU
+# is emulated on a newer one): a figure measured under them is not the CPU's own.
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+              "FBGEMM_ENABLE_INSTRUCTIONS")
+
 
 @dataclass(frozen=True)
 class CpuInfo:
@@ -30,6 +36,7 @@ class CpuInfo:
     model: str  # "model name" of /proc/cpuinfo (platform.processor() elsewhere)
     isa: tuple[str, ...]  # the matrix-relevant instruction sets present, names of ISA_FLAGS
     logical_cores: int  # cores this process may run on (its affinity mask)
+    limits: tuple[str, ...] = ()  # "VAR=value" of the ISA_LIMITS set in the environment
 
     @property
     def isa_label(self) -> str:
@@ -38,15 +45,20 @@ class CpuInfo:
 
     @property
     def label(self) -> str:
-        """One line for table titles: 'Intel(R) Xeon(R) Processor (AMX-BF16, ..., AVX2; 2 cores)'."""
-        return f"{self.model} ({self.isa_label}; {self.logical_cores} cores)"
+        """One line for table titles: 'Intel(R) Xeon(R) Processor (AMX-BF16, ..., AVX2; 2 cores)',
+        with the kernel limits in force ('...; 2 cores; kernels limited: ATEN_CPU_CAPABILITY=avx2')."""
+        limits = f"; kernels limited: {' '.join(self.limits)}" if self.limits else ""
+        return f"{self.model} ({self.isa_label}; {self.logical_cores} cores{limits})"
 
     @property
     def slug(self) -> str:
-        """A file name for this CPU: its model and best ISA ('intel-r-xeon-r-processor-amx')."""
+        """A file name for this CPU: its model and best ISA ('intel-r-xeon-r-processor-amx'), and
+        a digest of the kernel limits in force, so that an emulated CPU never shares the real one's files."""
         best = next((tag for tag in ("amx", "avx512", "avx2") if any(tag in i.lower().replace("-", "") for i in self.isa)), "base")
         name = re.sub(r"[^a-z0-9]+", "-", self.model.lower()).strip("-") or "cpu"
-        return f"{name}-{best}"
+        if not self.limits:
+            return f"{name}-{best}"
+        return f"{name}-{best}-limited-{hashlib.sha256(' '.join(self.limits).encode()).hexdigest()[:8]}"
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -69,8 +81,10 @@ def parse_cpuinfo(text: str) -> tuple[str | None, set[str]]:
     return model, flags
 
 
-def cpu_info(cpuinfo_text: str | None = None) -> CpuInfo:
-    """This machine's CPU (or the one described by `cpuinfo_text`, a /proc/cpuinfo text)."""
+def cpu_info(cpuinfo_text: str | None = None, environ: dict[str, str] | None = None) -> CpuInfo:
+    """This machine's CPU (or the one described by `cpuinfo_text`, a /proc/cpuinfo text), with
+    the kernel limits of this process's environment (or of `environ`)."""
+    environ = os.environ if environ is None else environ
     if cpuinfo_text is None:
         try:
             cpuinfo_text = CPUINFO.read_text()
@@ -85,6 +99,7 @@ def cpu_info(cpuinfo_text: str | None = None) -> CpuInfo:
         model=model or platform.processor() or platform.machine() or "unknown CPU",
         isa=tuple(name for flag, name in ISA_FLAGS.items() if flag in flags),
         logical_cores=cores,
+        limits=tuple(f"{var}={environ[var]}" for var in ISA_LIMITS if environ.get(var)),
     )
 
 
