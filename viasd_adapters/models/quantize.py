@@ -28,6 +28,7 @@ import contextlib
 import copy
 import itertools
 import warnings
+from typing import Callable
 
 import torch
 from transformers import PreTrainedModel
@@ -119,8 +120,9 @@ class Int8Weights:
         self.kept: dict[str, torch.Tensor] = {}
         self.quantized: list[str] = []  # keys quantised from a float weight (not in `stored`)
 
-    def __call__(self, key: str, weight) -> torch.Tensor:
-        """`weight`: a callable returning the [N, K] float weight, called only when `key` is not stored."""
+    def __call__(self, key: str, weight: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """The per-channel int8 weight of `key`; `weight` gives the [N, K] float weight and is called
+        only when `key` is not stored."""
         if f"{key}.int8" in self.stored:
             q = _per_channel(self.stored[f"{key}.int8"], self.stored[f"{key}.scales"])
         else:
