@@ -38,19 +38,17 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     """
     loaded = _load(spec)
     if spec.quantization:
-        quantize_int8(loaded.model, loaded.tokenizer, _source_folder(spec))
+        quantize_int8(loaded.model, loaded.tokenizer, _source_folder(loaded.model))
         # Quantised layers amplify SDPA's block-vs-step rounding: rows computed as steps are.
         loaded.model.config._attn_implementation = ROW_INVARIANT_ATTENTION
     return loaded
 
 
-def _source_folder(spec: ModelSpec) -> Path | None:
-    """The folder `spec.name` loads from: an offline zoo model's cache or a local folder (None: a
-    hub id or a tiny model, whose int8 weights are not cached)."""
-    if spec.name in OFFLINE_MODELS:
-        return ensure_cached(spec.name)
-    local = Path(spec.name).expanduser()
-    return local if local.is_dir() else None
+def _source_folder(model: PreTrainedModel) -> Path | None:
+    """The folder `model` was read from, as `_load` resolved it (an offline zoo model's cache or a
+    local folder); None for a hub id or a tiny model, whose int8 weights are not cached."""
+    folder = Path(model.name_or_path) if model.name_or_path else None
+    return folder if folder is not None and folder.is_dir() else None
 
 
 def _load(spec: ModelSpec) -> LoadedModel:
