@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml
 
 # llama.cpp as a benchmark anchor (method=llama-cpp; not needed by the tests). llama-cpp-python
 # builds llama.cpp from source, ~13 min on 2 cores, for the CPU it builds on. The AVX2-only build
-# docs/int8.md measured: LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+# docs/results/int8.md measured: LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
 LLAMA_CMAKE_ARGS ?=
 setup-llama-cpp: setup
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -e '.[llama-cpp]'

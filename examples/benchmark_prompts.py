@@ -5,7 +5,7 @@
 
 The prompt file is either plain text (one prompt per line) or JSONL in Spec-Bench's shape (one
 object per line: question_id, category, turns, optional reference; references get a quality
-metric per category, see docs/benchmark.md). A text file is turned into such a JSONL in the run
+metric per category, see docs/results/benchmark.md). A text file is turned into such a JSONL in the run
 directory first. The script then runs exactly the command it prints:
 
     viasd-bench task=jsonl task.prompts_file=FILE 'method=[...]' out_dir=RUN ...

@@ -76,7 +76,7 @@ def test_a_speedup_is_over_the_fastest_ar_not_ar_in_the_chosen_dtype():
 
 
 def test_on_an_avx2_cpu_the_flat_int8_target_makes_sd_the_choice():
-    """The AVX2 shape (measured, docs/int8.md): bf16 and fp32 verifies grow with rows, int8's barely."""
+    """The AVX2 shape (measured, docs/results/int8.md): bf16 and fp32 verifies grow with rows, int8's barely."""
     p = profile_of({(T, "bfloat16"): {1: 112, 4: 438, 8: 833}, (T, "float32"): {1: 393, 4: 762, 8: 736},
                     (T, "int8"): {1: 74, 4: 120, 8: 159}, (D, "bfloat16"): {1: 42}, (D, "int8"): {1: 20}})
     choice = choose_configuration(p, D, T, acceptance=0.8, threads=2, dtypes=["int8", "bfloat16", "float32"])

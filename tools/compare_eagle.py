@@ -7,7 +7,7 @@ The check that upgrading a deployment changes nothing: per prompt and repetition
 same prompt back to back, in an order alternated by (prompt + rep) so that machine drift hits
 both alike. Reported: token identity of the adapter (`EagleDecoder`, `verifier=full`) with stock
 `eagenerate`, and the median of per-generation speed ratios. Everything else, AR and tiered EAGLE
-included, is a `viasd-bench` method (`method=[ar,eagle,eagle-tiered]`, docs/eagle.md).
+included, is a `viasd-bench` method (`method=[ar,eagle,eagle-tiered]`, docs/results/eagle.md).
 Run from the repository root.
 """
 

@@ -1,5 +1,5 @@
 """`viasd-bench`: run the configured methods on one task's prompts and write records,
-tables and plots (see docs/benchmark.md)."""
+tables and plots (see docs/results/benchmark.md)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ class ModelDrafter(Drafter):
     """Drafts up to K tokens with one forward pass of a draft model each (its cache rolls back
     itself).
 
-    Levers that make drafting cheaper (docs/drafting.md); none can change what the verifier
+    Levers that make drafting cheaper (docs/results/drafting.md); none can change what the verifier
     commits, only how many draft tokens it accepts:
 
     * `confidence_threshold`: the block ends after a token whose draft probability p(x) is

@@ -400,7 +400,7 @@ def resolve_head(head: str | Path) -> Path:
     raise ValueError(
         f"no EAGLE head at {head} (config.json with head.safetensors or pytorch_model.bin), nor shipped under"
         f" that name: train one with `viasd-train-eagle model_pair=...` (it writes outputs/eagle/<target>/) and"
-        " pass that folder as framework.decoder.head=FOLDER (docs/eagle.md)"
+        " pass that folder as framework.decoder.head=FOLDER (docs/results/eagle.md)"
     )
 
 

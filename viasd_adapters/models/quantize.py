@@ -4,12 +4,12 @@ draft copies.
 * "int8" (`runtime.dtype=int8`, `runtime.draft_dtype=int8`): W8A8. Weights int8 per output
   channel; activations quantised at run time per row (token), so a row's output never depends on
   the other rows fed with it: a batched verify computes what one-token steps compute, and SD on
-  the int8 target reproduces int8 AR (docs/int8.md). fbgemm's dynamic int8 GEMM multiplies: on
+  the int8 target reproduces int8 AR (docs/results/int8.md). fbgemm's dynamic int8 GEMM multiplies: on
   CPUs without AVX-512 BF16 it is the cheapest kernel at every row count and grows far slower with
-  rows than bf16 does (measured in docs/int8.md). Everything but the linear layers computes in fp32.
+  rows than bf16 does (measured in docs/results/int8.md). Everything but the linear layers computes in fp32.
   Projections a layer feeds the same input (q / k / v, gate / up) share one GEMM.
 * A drafter's precision never changes a lossless output (the target decides every token), only
-  how often its drafts are accepted; docs/drafting.md has the measured cost and acceptance of the
+  how often its drafts are accepted; docs/results/drafting.md has the measured cost and acceptance of the
   draft-only variants below.
 
 * "int8-weight": weight-only int8, per output channel; activations stay in the model's dtype

@@ -21,7 +21,7 @@ the slim view and in the full model. Run them once and hand the hidden states to
     q = full.head(full.run_layers(state, full_cache), m)    # full = SlimModel(target, RoutingMask.none())
 
 Every cache is indexed by the target's layer numbers, so `shared_cache` may simply be
-`full_cache` (its layers [0, p) then run ahead of its layers [p, L)). See docs/routing.md.
+`full_cache` (its layers [0, p) then run ahead of its layers [p, L)). See docs/results/routing.md.
 """
 
 from __future__ import annotations
