@@ -1,7 +1,7 @@
 """PEARL against AR and plain SD on a real model pair: speed (interleaved, medians) and identity.
 
 Every prompt is decoded by every decoder, in an order that rotates from prompt to prompt, so
-slow phases of a shared machine hit all decoders alike. Speedups are medians over prompts of
+slow phases of the machine hit all decoders alike. Speedups are medians over prompts of
 (AR seconds / decoder seconds); identity compares each decoder's tokens with AR's.
 
 Decoders, as NAME[@THREADS]:
