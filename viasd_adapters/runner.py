@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from .models.compiled import decode_step
+
 
 @dataclass
 class CallStats:
@@ -49,6 +51,7 @@ class CausalLMRunner:
         self.name = name
         self.head = head
         self.variant = variant
+        self.step = decode_step(model)  # the model's compiled decode step; None: the eager forward
         self.reset()
 
     @property
@@ -69,7 +72,7 @@ class CausalLMRunner:
 
     def reset(self) -> None:
         """Forget the sequence and the statistics (start of a generation)."""
-        self.cache = DynamicCache()
+        self.cache = self.step.new_cache() if self.step is not None else DynamicCache()
         self.cached_ids = torch.empty(0, dtype=torch.long, device=self.device)
         self.stats = CallStats(variant=self.variant)
 
@@ -97,7 +100,10 @@ class CausalLMRunner:
         start = self.cached_length
         new_ids = ids[start:]
         begin = time.perf_counter()
-        if self.head is None:
+        if self.step is not None:
+            hidden = self.step(new_ids, self.cache)[-num_positions:]  # [m, H]
+            logits = (self.head or self.model.get_output_embeddings())(hidden)
+        elif self.head is None:
             out = self.model(
                 input_ids=new_ids[None],
                 past_key_values=self.cache,

@@ -11,6 +11,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 # with everything else in fp32. int8 has kernels on CPUs only.
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.float32}
 QUANTIZED_PRECISIONS = ("int8",)
+# Below this size compiling (tens of seconds) does not pay back on a short run: the model stays eager.
+COMPILE_MIN_PARAMETERS = 100_000_000
 
 
 def check_precision(dtype: str, device: str = "cpu", key: str = "dtype") -> None:
@@ -50,9 +52,14 @@ class ModelSpec:
     dtype: str = "bfloat16"  # float32 | bfloat16 | float16 | int8 (W8A8 linears, the rest fp32; CPU)
     device: str = "cpu"  # any torch device string
     tiny: TinyModelConfig | None = None  # only for name == "tiny-random"
+    # The compiled decode step (models.compiled): true, false (the eager forward), or "auto": int8
+    # models of at least COMPILE_MIN_PARAMETERS on a CPU, where per-operator overhead is most of a step.
+    compile: bool | str = "auto"
 
     def __post_init__(self) -> None:
         check_precision(self.dtype, self.device)
+        if self.compile not in (True, False, "auto"):
+            raise ValueError(f"compile={self.compile!r} is not one of true, false, auto")
         if self.tiny is not None and not isinstance(self.tiny, TinyModelConfig):
             self.tiny = TinyModelConfig(**self.tiny)  # Hydra passes nested configs as mappings
 
@@ -60,6 +67,13 @@ class ModelSpec:
     def torch_dtype(self) -> torch.dtype:
         """The dtype the weights load in and everything but quantised layers computes in."""
         return _DTYPES[self.dtype]
+
+    def compiles(self, num_parameters: int) -> bool:
+        """Whether a model of this spec with `num_parameters` gets the compiled decode step."""
+        if self.compile != "auto":
+            return bool(self.compile)
+        return (self.quantization is not None and torch.device(self.device).type == "cpu"
+                and num_parameters >= COMPILE_MIN_PARAMETERS)
 
     @property
     def quantization(self) -> str | None:

@@ -20,6 +20,7 @@ from .offline import (
     ensure_cached,
     tokenizer_meta_from_provenance,
 )
+from .compiled import attach_step
 from .int8_cache import quantize_int8
 from .row_attention import ROW_INVARIANT_ATTENTION
 from .spec import LoadedModel, ModelSpec
@@ -34,13 +35,17 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     """Load `spec.name`: "tiny-random", an offline zoo name, a local folder, or a hub id.
 
     The model comes back in eval mode, in `spec.dtype`, on `spec.device`, with SDPA attention;
-    for int8, its linear layers and LM head quantised (`models.quantize.Int8Linear`).
+    for int8, its linear layers and LM head quantised (`models.quantize.Int8Linear`); with
+    `spec.compiles`, a compiled decode step attached (`models.compiled`), compiled here.
     """
     loaded = _load(spec)
+    num_parameters = loaded.model.num_parameters()  # before quantising: int8 weights are not parameters
     if spec.quantization:
         quantize_int8(loaded.model, loaded.tokenizer, _source_folder(loaded.model))
         # Quantised layers amplify SDPA's block-vs-step rounding: rows computed as steps are.
         loaded.model.config._attn_implementation = ROW_INVARIANT_ATTENTION
+    if spec.compiles(num_parameters):
+        attach_step(loaded.model)
     return loaded
 
 

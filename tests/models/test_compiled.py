@@ -1,0 +1,115 @@
+"""The compiled decode step (`models.compiled`): the same model as the eager forward, rows that do
+not depend on the block they came in, lossless hosts on top of it, and the eager fallback."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from tests.conftest import perturbed, tiny
+from tests.decode.test_loops import PROMPT
+from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
+from viasd_adapters.draft import ModelDrafter, PromptLookupDrafter
+from viasd_adapters.models import ModelSpec, TinyModelConfig, load_model
+from viasd_adapters.models.compiled import DecodeStep, attach_step, decode_step
+from viasd_adapters.models.quantize import quantize_linears
+from viasd_adapters.runner import CausalLMRunner
+from viasd_adapters.verify import LosslessVerifier
+
+
+@pytest.fixture(scope="module", params=["qwen2", pytest.param("llama", marks=pytest.mark.slow)])
+def int8_model(request):
+    """A tiny int8 model of each supported family; compiled explicitly (auto leaves tiny models eager)."""
+    spec = ModelSpec("tiny-random", dtype="int8", tiny=TinyModelConfig(architecture=request.param), compile=True)
+    return load_model(spec)
+
+
+def hidden_by_blocks(step: DecodeStep, ids: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    cache, out, start = step.new_cache(), [], 0
+    for size in sizes:
+        out.append(step(ids[start : start + size], cache))
+        start += size
+    return torch.cat(out)
+
+
+def test_compiled_step_is_attached_and_runners_use_it(int8_model):
+    step = decode_step(int8_model.model)
+    assert step is not None and step.compiled
+    assert CausalLMRunner(int8_model.model).step is step
+
+
+@torch.no_grad()
+def test_a_block_computes_bitwise_what_one_row_steps_compute(int8_model):
+    """What makes greedy speculation on the compiled int8 target reproduce its AR exactly."""
+    step = decode_step(int8_model.model)
+    ids = PROMPT[0]
+    steps = hidden_by_blocks(step, ids, [4] + [1] * (len(ids) - 4))
+    for sizes in ([len(ids)], [4, 5, 3], [7, 2, 1, 2]):
+        assert torch.equal(hidden_by_blocks(step, ids, sizes), steps), sizes
+
+
+@torch.no_grad()
+def test_a_rolled_back_cache_recomputes_what_it_dropped(int8_model):
+    step = decode_step(int8_model.model)
+    ids = PROMPT[0]
+    cache = step.new_cache()
+    first = step(ids, cache)
+    cache.crop(5)
+    assert torch.equal(step(ids[5:], cache), first[5:])
+
+
+@torch.no_grad()
+def test_compiled_logits_match_the_eager_forward(int8_model):
+    """Not bitwise (Inductor fuses the norms and attention in its own order, and an activation on a
+    rounding boundary can land on the other int8 level), but close, and the same greedy tokens."""
+    model = int8_model.model
+    eager = model(PROMPT).logits[0]  # the transformers forward: `decode_step` is not consulted
+    compiled = model.get_output_embeddings()(decode_step(model)(PROMPT[0], decode_step(model).new_cache()))
+    scale = eager.abs().max()
+    assert (compiled - eager).abs().max() < 0.05 * scale
+    assert (compiled.argmax(-1) == eager.argmax(-1)).float().mean() > 0.9
+
+
+def test_a_mask_that_drops_the_causal_rule_changes_the_rows():
+    """The equality tests above can fail: rows that attend one position too far compute otherwise."""
+    model = tiny(seed=3, dtype="float32").model
+    step = DecodeStep(model, compile=False)
+    ids = PROMPT[0]
+    causal = step(ids, step.new_cache())
+    T = len(ids)
+    wrong = torch.ones(T, T, dtype=torch.bool)  # every row sees the future
+    assert not torch.allclose(step(ids, step.new_cache(), mask=wrong), causal)
+
+
+@pytest.mark.parametrize("host", ["sd", "lookup"])
+def test_greedy_speculation_on_the_compiled_int8_target_reproduces_its_ar(int8_model, host):
+    target = int8_model.model
+    draft = quantize_linears(perturbed(tiny(architecture=target.config.model_type).model, 0.05), "int8")
+    attach_step(draft)
+    ar = AutoregressiveDecoder(target).generate(PROMPT, 40)
+    propose = ModelDrafter(draft) if host == "sd" else PromptLookupDrafter(max_ngram=2)
+    out = SpeculativeDecoder(propose, LosslessVerifier(target), num_draft_tokens=4).generate(PROMPT, 40)
+    assert out.tokens == ar.tokens
+    if host == "sd":  # drafts were judged both ways, so the check had something to check
+        assert 0 < out.stats.accepted < out.stats.drafted
+
+
+def test_an_unsupported_model_stays_eager_and_says_so(caplog):
+    model = tiny(seed=1).model
+    model.config.hidden_act = "relu"  # no compiled activation for it
+    with caplog.at_level(logging.WARNING):
+        assert attach_step(model) is None
+    assert "stays eager" in caplog.text
+    assert CausalLMRunner(model).step is None
+
+
+def test_auto_compiles_large_int8_models_on_cpu_only():
+    assert ModelSpec("x", dtype="int8").compiles(500_000_000)
+    assert not ModelSpec("x", dtype="int8").compiles(1_000_000)  # tiny: compiling does not pay back
+    assert not ModelSpec("x", dtype="bfloat16").compiles(500_000_000)
+    assert not ModelSpec("x", dtype="int8", compile=False).compiles(500_000_000)
+    assert ModelSpec("x", dtype="float32", compile=True).compiles(1_000)
+    with pytest.raises(ValueError, match="compile"):
+        ModelSpec("x", compile="sometimes")

@@ -1,0 +1,349 @@
+"""A decode step that costs what its GEMMs cost: the decoder layer as one compiled graph.
+
+The eager transformers forward spends most of a small model's CPU step on per-operator overhead
+(Python, the dispatcher, ~250 small ops a layer around the GEMMs). `DecodeStep` runs the same
+weights through one functional decoder layer compiled by `torch.compile` (Inductor fuses the
+norms, rotary embedding, row quantisation, attention and activations into a few C++ kernels):
+
+* the int8 GEMM is one opaque custom operator (`viasd::w8a8_unit_gemm`): fbgemm's packed weights
+  are script objects Dynamo cannot trace, so the op takes them as an opaque reference object and
+  the graph never breaks; it computes exactly what `quantize._RowQuantGemm` computes;
+* one graph serves every layer (the layer's weights are inputs, not constants) and every row
+  count above one (rows and attended length are dynamic), so a model compiles two graphs: one
+  for a one-token step, one for blocks. Graphs land in Inductor's on-disk cache;
+* keys and values live in preallocated buffers (`StaticKV`), written in place at the new rows'
+  positions; rolling back is lowering a length;
+* attention is computed row by row as reductions whose shape does not depend on the block: a
+  block's row j sees exactly the keys the one-token step at its position sees, with the same
+  arithmetic, so a verify block reproduces the steps it replaces (tests/models/test_compiled.py).
+  A row's keys are given by a boolean mask, so a draft tree (EAGLE) is a mask, not another path.
+
+Supported: Llama, Qwen2, Qwen3-free (no per-head norms), Mistral without sliding windows, in
+fp32, bf16 or the project's int8. Anything else raises `UnsupportedModel`, and callers fall
+back to eager with a log line.
+
+Terms: n new rows, H hidden size, Hq / Hkv query / key-value heads, D head size, S buffer length.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch._library.opaque_object import register_opaque_type
+from torch._opaque_base import OpaqueBase
+from transformers import PreTrainedModel
+
+from .quantize import Int8Linear, Int8Projection, _RowQuantGemm
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+MAX_BLOCK_ROWS = 64  # longer inputs (a prompt) run as blocks of this many rows
+KV_GROWTH = 1024  # buffers grow by whole multiples of this many positions
+ATTENTION_ALIGN = 64  # attended length rounded up to this (whole SIMD vectors, fewer shapes)
+
+
+class UnsupportedModel(ValueError):
+    """The model has a layer the compiled step does not implement."""
+
+
+# ----------------------------------------------------------------------------- the int8 operator
+class PackedGemm(OpaqueBase):
+    """fbgemm's packed int8 weight of one `_RowQuantGemm`, as an object the graph passes through."""
+
+    def __init__(self, gemm: _RowQuantGemm | None):
+        self.gemm = gemm
+
+    def __reduce__(self):
+        # Inductor's cache key pickles graph inputs: the weights are runtime inputs, not part of the
+        # graph's identity, so every PackedGemm pickles alike and one cached graph serves them all.
+        return (PackedGemm, (None,))
+
+
+register_opaque_type(PackedGemm, typ="reference")
+
+
+@torch.library.custom_op("viasd::w8a8_unit_gemm", mutates_args=())
+def w8a8_unit_gemm(unit: torch.Tensor, gemm: PackedGemm, out_features: int) -> torch.Tensor:
+    """[M, K] fp32 rows scaled into [-1, 1] (with `_RowQuantGemm`'s bounds row) -> [M, N] fp32."""
+    return torch.ops.quantized.linear_dynamic(unit, gemm.gemm.packed, True)
+
+
+@w8a8_unit_gemm.register_fake
+def _(unit, gemm, out_features):
+    return unit.new_empty(unit.shape[0], out_features)
+
+
+# ----------------------------------------------------------------------------- weights as graph inputs
+# A projection is a tuple the graph branches on at trace time (the same structure in every layer):
+#   ("dense", weight [N, K], bias [N] | None)
+#   ("int8", N, bias [N] | None, ((PackedGemm, bounds [1, k], channels [k] | None), ...))
+def _projection(module: torch.nn.Module) -> tuple:
+    if isinstance(module, torch.nn.Linear):
+        return ("dense", module.weight, module.bias)
+    if isinstance(module, Int8Linear):
+        channels = module.channels or [None] * len(module._gemms)
+        groups = tuple((PackedGemm(g), g.bounds, c) for g, c in zip(module._gemms, channels))
+        return ("int8", module.out_features, module.bias, groups)
+    raise UnsupportedModel(f"no compiled projection for {type(module).__name__}")
+
+
+def _layer_weights(layer: torch.nn.Module) -> dict:
+    attn, mlp = layer.self_attn, layer.mlp
+    weights = {"ln1": layer.input_layernorm.weight, "ln2": layer.post_attention_layernorm.weight,
+               "o": _projection(attn.o_proj), "down": _projection(mlp.down_proj)}
+    if isinstance(attn.q_proj, Int8Projection) and attn.q_proj._group is attn.v_proj._group:
+        weights["qkv"] = _projection(attn.q_proj._group.linear)
+    else:
+        weights.update(q=_projection(attn.q_proj), k=_projection(attn.k_proj), v=_projection(attn.v_proj))
+    if isinstance(mlp.gate_proj, Int8Projection) and mlp.gate_proj._group is mlp.up_proj._group:
+        weights["gate_up"] = _projection(mlp.gate_proj._group.linear)
+    else:
+        weights.update(gate=_projection(mlp.gate_proj), up=_projection(mlp.up_proj))
+    return weights
+
+
+def project(x: torch.Tensor, proj: tuple) -> torch.Tensor:
+    """[M, K] -> [M, N], computed as the eager layer computes it (int8: `Int8Linear.forward`)."""
+    if proj[0] == "dense":
+        _, weight, bias = proj
+        return F.linear(x, weight, bias)
+    _, out_features, bias, groups = proj
+    rows = x.float()
+    y = None
+    for gemm, bounds, channels in groups:
+        part = rows if channels is None else rows.index_select(1, channels)
+        peak = part.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)  # [M, 1]
+        out = w8a8_unit_gemm(torch.cat([part / peak, bounds]), gemm, out_features)[:-1] * peak
+        y = out if y is None else y + out
+    if bias is not None:
+        y = y + bias
+    return y.to(x.dtype)
+
+
+# ----------------------------------------------------------------------------- the layer
+@dataclass(frozen=True)
+class LayerShape:
+    """What every decoder layer of a model shares."""
+
+    q_heads: int  # Hq
+    kv_heads: int  # Hkv
+    head_dim: int  # D
+    eps: float  # RMSNorm epsilon
+    act: str  # the MLP's activation (transformers' name)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # transformers' order: normalise in fp32, cast back, then scale
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [n, h, D] with cos / sin [n, 1, D]: transformers' rotate-half rotary embedding."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def decoder_layer(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
+                  values: torch.Tensor, write: torch.Tensor, mask: torch.Tensor, weights: dict,
+                  shape: LayerShape) -> torch.Tensor:
+    """One pre-norm decoder layer over n new rows; writes their keys and values in place.
+
+    Args:
+        h: [n, H] hidden states entering the layer.
+        cos, sin: [n, D] rotary tables of the rows' positions.
+        keys, values: [Hkv, S, D] this layer's buffers.
+        write: [n] long, the buffer positions the rows' keys and values go to.
+        mask: [n, A] bool, True where row j attends to position s (A <= S, a multiple of ATTENTION_ALIGN).
+    Returns:
+        [n, H] hidden states leaving the layer.
+    """
+    n = h.shape[0]
+    Hq, Hkv, D = shape.q_heads, shape.kv_heads, shape.head_dim
+    x = _rms_norm(h, weights["ln1"], shape.eps)
+    if "qkv" in weights:
+        q, k, v = project(x, weights["qkv"]).split([Hq * D, Hkv * D, Hkv * D], dim=-1)
+    else:
+        q, k, v = (project(x, weights[name]) for name in ("q", "k", "v"))
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    q = _rotate(q.view(n, Hq, D), cos, sin)  # [n, Hq, D]
+    k = _rotate(k.view(n, Hkv, D), cos, sin)  # [n, Hkv, D]
+    keys[:, write] = k.transpose(0, 1).to(keys.dtype)
+    values[:, write] = v.view(n, Hkv, D).transpose(0, 1).to(values.dtype)
+    A = mask.shape[1]
+    K, V = keys[:, :A], values[:, :A]  # [Hkv, A, D]
+    q = q.view(n, Hkv, Hq // Hkv, D).float()
+    # Reductions per (row, head, position): nothing depends on how many rows came together.
+    scores = (q[:, :, :, None, :] * K.float()[None, :, None, :, :]).sum(-1) / math.sqrt(D)  # [n, Hkv, G, A]
+    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = (probs[..., None] * V.float()[None, :, None, :, :]).sum(-2)  # [n, Hkv, G, D]
+    h = h + project(out.reshape(n, Hq * D).to(h.dtype), weights["o"])
+    x = _rms_norm(h, weights["ln2"], shape.eps)
+    if "gate_up" in weights:
+        gate, up = project(x, weights["gate_up"]).chunk(2, dim=-1)
+    else:
+        gate, up = project(x, weights["gate"]), project(x, weights["up"])
+    act = F.silu(gate) if shape.act == "silu" else F.gelu(gate, approximate="tanh")
+    return h + project(act * up, weights["down"])
+
+
+
+# ----------------------------------------------------------------------------- keys and values
+class StaticKV:
+    """Preallocated keys and values of some decoder layers; `length` positions are valid."""
+
+    def __init__(self, layers: list[int], kv_heads: int, head_dim: int, dtype: torch.dtype, device):
+        self.layers = layers
+        self._shape, self.dtype, self.device = (kv_heads, head_dim), dtype, device
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+        self.capacity = 0
+        self.length = 0
+
+    def reserve(self, length: int) -> None:
+        """Make room for `length` positions (whole KV_GROWTH blocks; held positions are kept)."""
+        if length <= self.capacity:
+            return
+        capacity = math.ceil(length / KV_GROWTH) * KV_GROWTH
+        Hkv, D = self._shape
+        for store in (self.keys, self.values):
+            for layer in self.layers:
+                grown = torch.zeros(Hkv, capacity, D, dtype=self.dtype, device=self.device)
+                if layer in store:
+                    grown[:, : self.capacity] = store[layer]
+                store[layer] = grown
+        self.capacity = capacity
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` positions."""
+        assert 0 <= length <= self.length
+        self.length = length
+
+
+# ----------------------------------------------------------------------------- the step
+class DecodeStep:
+    """A model's decoder run by the compiled layer: ids -> final normed hidden states.
+
+    Holds views of the model's weights, never copies. `layers` picks the decoder layers to run (a
+    routed slim view passes its own); None runs them all.
+    """
+
+    def __init__(self, model: PreTrainedModel, layers: list[int] | None = None, compile: bool = True):
+        config = model.config
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModel(f"the compiled step supports {', '.join(SUPPORTED_MODEL_TYPES)}, not"
+                                   f" {config.model_type!r}")
+        if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []) or (
+                config.model_type == "mistral" and getattr(config, "sliding_window", None)):
+            raise UnsupportedModel("sliding-window attention is not implemented by the compiled step")
+        if getattr(config, "hidden_act", "silu") not in ("silu", "gelu_pytorch_tanh"):
+            raise UnsupportedModel(f"activation {config.hidden_act!r} is not implemented by the compiled step")
+        body = model.get_decoder()
+        self.model, self.body = model, body
+        self.layers = list(range(len(body.layers))) if layers is None else list(layers)
+        D = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        self.shape = LayerShape(int(config.num_attention_heads),
+                                int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads),
+                                D, float(config.rms_norm_eps), getattr(config, "hidden_act", "silu"))
+        self.weights = {i: _layer_weights(body.layers[i]) for i in self.layers}
+        self.compiled = compile
+        # One graph for every layer (weights are inputs), so a model compiles once per row-count class.
+        self._layer = torch.compile(decoder_layer, fullgraph=True) if compile else decoder_layer
+        self.dtype = body.embed_tokens.weight.dtype
+
+    def new_cache(self) -> StaticKV:
+        return StaticKV(self.layers, self.shape.kv_heads, self.shape.head_dim, self.dtype,
+                        self.body.embed_tokens.weight.device)
+
+    @torch.no_grad()
+    def __call__(self, input_ids: torch.Tensor, cache: StaticKV, mask: torch.Tensor | None = None,
+                 positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Final normed hidden states [n, H] of `input_ids` [n], appended to `cache`.
+
+        Default: a chain after `cache.length` positions. `positions` [n] (rotary positions) and
+        `mask` [n, cache.length + n] bool (True: attend) describe anything else, e.g. a draft tree.
+        """
+        n = input_ids.shape[0]
+        start = cache.length
+        cache.reserve(start + n)
+        device = cache.device
+        if positions is None:
+            positions = torch.arange(start, start + n, device=device)
+        out = []
+        for b in range(0, n, MAX_BLOCK_ROWS):  # a prompt goes in blocks: every row is computed alike
+            rows = slice(b, min(n, b + MAX_BLOCK_ROWS))
+            block_mask = None if mask is None else mask[rows]
+            out.append(self._block(input_ids[rows], cache, positions[rows], block_mask))
+        hidden = out[0] if len(out) == 1 else torch.cat(out)
+        return self.body.norm(hidden)
+
+    def _block(self, ids: torch.Tensor, cache: StaticKV, positions: torch.Tensor,
+               mask: torch.Tensor | None) -> torch.Tensor:
+        n, start = ids.shape[0], cache.length
+        write = torch.arange(start, start + n, device=cache.device)
+        attended = math.ceil((start + n) / ATTENTION_ALIGN) * ATTENTION_ALIGN
+        full = torch.zeros(n, min(attended, cache.capacity), dtype=torch.bool, device=cache.device)
+        if mask is None:
+            full[:, : start + n] = torch.arange(start + n, device=cache.device)[None, :] <= write[:, None]
+        else:
+            full[:, : start + n] = mask[:, : start + n]
+        h = self.body.embed_tokens(ids)  # [n, H]
+        cos, sin = self.body.rotary_emb(h[None], positions[None])  # [1, n, D] each
+        cos, sin = cos[0].to(h.dtype), sin[0].to(h.dtype)
+        if self.compiled and n > 1:
+            for t in (h, cos, sin, write, full):
+                torch._dynamo.mark_dynamic(t, 0)
+            torch._dynamo.mark_dynamic(full, 1)
+        for i in self.layers:
+            h = self._layer(h, cos, sin, cache.keys[i], cache.values[i], write, full, self.weights[i], self.shape)
+        cache.length = start + n
+        return h
+
+
+# ----------------------------------------------------------------------------- which models have one
+_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def attach_step(model: PreTrainedModel, compile: bool = True, warm_up: bool = True) -> DecodeStep | None:
+    """Give `model` a compiled decode step, which every runner of it then uses; None (and a log
+    line) where the model is not supported and stays eager. `warm_up` compiles now, with timing."""
+    try:
+        step = DecodeStep(model, compile=compile)
+    except UnsupportedModel as err:
+        logger.warning("%s stays eager: %s", type(model).__name__, err)
+        return None
+    _STEPS[model] = step
+    if compile and warm_up:
+        warm_up_step(step)
+    return step
+
+
+def decode_step(model: torch.nn.Module) -> DecodeStep | None:
+    """The step `attach_step` gave `model`, if any."""
+    try:
+        return _STEPS.get(model)
+    except TypeError:  # not weak-referenceable
+        return None
+
+
+def warm_up_step(step: DecodeStep) -> float:
+    """Compile both graphs (one row, a block) now; returns the seconds it took."""
+    begin = time.perf_counter()
+    cache = step.new_cache()
+    ids = torch.zeros(4, dtype=torch.long, device=cache.device)
+    step(ids, cache)  # the block graph
+    step(ids[:1], cache)  # the one-row graph
+    seconds = time.perf_counter() - begin
+    logger.info("compiled the decode step of %s (%d layers) in %.1f s", type(step.model).__name__,
+                len(step.layers), seconds)
+    return seconds
