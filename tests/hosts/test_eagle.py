@@ -682,7 +682,8 @@ def test_head_training_runs_a_few_steps_and_resumes(tmp_path):
 
 def test_sampled_answers_are_seeded_resumed_and_held_out_with_their_prompt(tmp_path):
     from viasd_adapters.third_party.eagle import TransformersEagleBase
-    from viasd_adapters.train.eagle import DataConfig, compute_features, generate_answers, split_by_prompt
+    from viasd_adapters.train.eagle import DataConfig, generate_answers
+    from viasd_adapters.train.shards import CorpusConfig, complete, run_features, shard_sequences
 
     loaded = tiny(seed=0)
     prompts = [(f"p{i}", text) for i, text in enumerate(["hello world", "the cat", "def foo", "1 2 3", "abc"])]
@@ -699,20 +700,24 @@ def test_sampled_answers_are_seeded_resumed_and_held_out_with_their_prompt(tmp_p
     assert generate_answers(loaded, prompts, cfg, tmp_path / "a.jsonl", progress=False) == first
     assert (tmp_path / "a.jsonl").read_text() == lines  # nothing generated twice
 
+    # features: the plan holds every answer; held-out prompts go with all their answers
+    corpus = CorpusConfig(self_distill=True, eval_fraction=0.4, sequences_per_shard=4)
+    plan, manifest = run_features(loaded, corpus, tmp_path / "f", first, data_max_seq_len=64, progress=False)
+    held = {s["group"] for s in plan["heldout"]}
+    assert len(held) == 2 and not held & {s["group"] for s in plan["train"]}
+    assert len(plan["heldout"]) == 2 and not any(s["sampled"] for s in plan["heldout"])
+    assert len(plan["train"]) == 3 * 3
+    assert complete(manifest) and manifest["planned"] == {"heldout": 1, "train": 3}
+    for s in plan["train"]:  # the loss mask covers the answer, cut with its prompt to max_seq_len
+        g = next(g for g in first if g["id"] == s["id"])
+        assert s["ids"].tolist() == (g["prompt_ids"] + g["answer_ids"])[:64]
+        assert s["loss_mask"].tolist() == [i >= len(g["prompt_ids"]) for i in range(len(s["ids"]))]
+    # the shards hold what eagle-llm's base model computes (what the head reads while decoding)
     base = TransformersEagleBase(loaded.model)
-    calls, forward = [], base.model.forward
-    base.model.forward = lambda *args, **kwargs: calls.append(1) or forward(*args, **kwargs)
-    features = compute_features(base, first[:5], cfg, tmp_path / "f.pt", progress=False)
-    grown = compute_features(base, first, cfg, tmp_path / "f.pt", progress=False)
-    assert len(calls) == len(grown["sequences"]) == len(first)  # the greedy answers' features are reused
-    for old, new in zip(features["sequences"], grown["sequences"]):
-        assert torch.equal(old["features"], new["features"])
-
-    train, held_out = split_by_prompt(grown["sequences"], eval_fraction=0.4, seed=0)
-    held = {s["prompt"] for s in held_out}
-    assert len(held) == 2 and not held & {s["prompt"] for s in train}
-    assert len(held_out) == 2 and not any(s["sampled"] for s in held_out)
-    assert len(train) == 3 * 3
+    row = next(shard_sequences(torch.load(tmp_path / "f" / "train-00000.pt", weights_only=False)))
+    with torch.no_grad():
+        expect = base.model(input_ids=row["ids"][None])[0][0].half()
+    torch.testing.assert_close(row["features"], expect)
 
 
 def test_sampled_answers_need_a_positive_temperature():

@@ -1,19 +1,24 @@
-"""Training EAGLE draft heads by self-distillation, on the CPU, resumably.
+"""Training EAGLE draft heads on the CPU, resumably: on ShareGPT conversations (EAGLE's own data)
+and / or by self-distillation (the target's own answers).
 
-Stages (each one's output is a file in `out_dir`, so an interrupted run resumes where it stopped):
+Stages (each one's output is a file, so an interrupted run resumes where it stopped):
 
-1. prompts: Spec-Bench and HumanEval prompts *outside* the evaluation split (`PromptSplit`);
-2. generations (`generations.jsonl`, one line per answer): the target's own greedy answer to each
-   prompt and, optionally, `sampled_answers` more drawn at `temperature` (more data from the same
-   prompts: the training split holds only a few hundred);
-3. features (`features.pt`): the target's normed last hidden states f_t over prompt + answer,
-   computed by the same base model the head will run against (`TransformersEagleBase`); kept per
-   sequence, so added answers only cost their own;
-4. training (`checkpoint.pt` every `save_every` steps): eagle-llm's head (`cnets.Model`) reads
-   (f_t, x_{t+1}) and regresses f_{t+1} (smooth L1, weight `v_weight`) and matches the target's
-   next-token distribution through the target's LM head (cross-entropy, weight `p_weight`), on
-   answer positions only, with uniform noise on its input features (EAGLE's recipe); the held-out
-   prompts (all their answers) are never trained on, and the figure is on their greedy answers;
+1. prompts (self-distillation only): Spec-Bench and HumanEval prompts *outside* the evaluation
+   split (`PromptSplit`);
+2. generations (`generations.jsonl` in `out_dir`, one line per answer): the target's own greedy
+   answer to each prompt and, optionally, `sampled_answers` more drawn at `temperature` (more data
+   from the same prompts: the training split holds only a few hundred);
+3. data and features (`train.shards`, in `corpus.dir`, else `out_dir/features`): the plan of
+   sequences (the answers above, and / or ShareGPT conversations rendered with the target's chat
+   template, with their own answers) and the target's normed last hidden states f_t over each,
+   computed in the precision it decodes in, in shards written one at a time;
+4. training (`checkpoint.pt` every `save_every` steps), streamed from the shards: eagle-llm's head
+   (`cnets.Model`) reads (f_t, x_{t+1}) and regresses f_{t+1} (smooth L1, weight `v_weight`) and
+   matches the target's next-token distribution through the target's LM head, restricted to a
+   draft vocabulary when `p_vocab` names one (cross-entropy, weight `p_weight`), on answer
+   positions only, with uniform noise on its input features (EAGLE's recipe); the held-out groups
+   (a prompt with all its answers, a conversation) are never trained on, and the figure is the
+   head's top-1 against the target's own next token on their answers;
 5. the head: `config.json` + `pytorch_model.bin` (eagle-llm's format, what
    `EaModel.from_pretrained` reads) + `head.safetensors` (compact, no embeddings) + `recipe.json`.
 
@@ -26,7 +31,7 @@ import json
 import logging
 import math
 import os
-import random
+import shutil
 import time
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -38,11 +43,12 @@ from tqdm.auto import tqdm
 
 from ..bench import splits
 from ..models import LoadedModel
+from . import shards
 
 logger = logging.getLogger(__name__)
 
 GENERATIONS = "generations.jsonl"
-FEATURES = "features.pt"
+FEATURES_DIR = "features"  # the plan and feature shards, when corpus.dir is not set
 CHECKPOINT = "checkpoint.pt"
 RECIPE = "recipe.json"
 TIMINGS = "timings.json"  # wall and CPU seconds per finished stage, kept across resumed runs
@@ -112,8 +118,8 @@ class TrainConfig:
     v_weight: float = 1.0  # feature regression (smooth L1)
     p_weight: float = 0.1  # next-token distribution (cross-entropy against the target's)
     p_positions: int | None = 256  # positions per step the distribution term sees (the V-wide LM head dominates the cost); None: all
+    p_vocab: str | None = None  # a draft vocabulary (shipped name or JSON) the distribution term scores instead of all V ids
     noise: float = 0.2  # uniform noise on input features, amplitude noise * 512 / H (EAGLE's)
-    eval_fraction: float = 0.1  # sequences held out for the top-1 agreement figure
     eval_every: int = 100  # steps between evaluations (and at the end)
     save_every: int = 50  # steps between checkpoints
     seed: int = 0
@@ -123,8 +129,8 @@ class TrainConfig:
 class TrainResult:
     out_dir: Path  # the head folder
     steps: int  # optimizer steps done in total
-    sequences: int  # training sequences (prompt + answer)
-    answer_tokens: int  # positions the loss sees per epoch
+    sequences: int  # training sequences (prompt + answer, or a conversation)
+    answer_tokens: int  # answer tokens of the training sequences (the positions the loss sees per epoch)
     eval_top1: float  # held-out teacher-forced agreement of the head's token with the target's
     seconds: dict  # wall time per stage, this run and before (resumed runs add up)
     cpu_seconds: dict  # CPU time (user + system, this process) per stage, likewise
@@ -230,55 +236,77 @@ def generate_answers(loaded: LoadedModel, prompts: list[tuple[str, str]], cfg: D
     return [done[rid] for rid, _, _ in wanted]
 
 
-# ----------------------------------------------------------------------------- stage 3: features
-@torch.no_grad()
-def compute_features(base, generations: list[dict], cfg: DataConfig, path: Path, progress: bool = True) -> dict:
-    """Per sequence: ids [T], features [T, H] (float16), the index of the first answer token and
-    its prompt's id. Sequences `path` already holds (same token ids) are reused."""
-    known: dict[tuple, dict] = {}
-    if path.is_file():
-        known = {tuple(s["ids"].tolist()): s for s in torch.load(path, weights_only=False)["sequences"]}
-    sequences, computed = [], 0
-    for g in tqdm(generations, desc="features", disable=not progress):
-        ids = (g["prompt_ids"] + g["answer_ids"])[: cfg.max_seq_len]
-        if len(ids) <= len(g["prompt_ids"]) + 1:
-            continue  # nothing of the answer survives the cut
-        cached = known.get(tuple(ids))
-        if cached is not None:
-            features = cached["features"]
-        else:
-            x = torch.tensor([ids], device=base.lm_head.weight.device)
-            features = base.model(input_ids=x)[0][0].to(torch.float16).cpu()  # [T, H] normed last hidden states
-            computed += 1
-        sequences.append({"ids": torch.tensor(ids), "features": features, "answer_start": len(g["prompt_ids"]),
-                          "prompt": prompt_of(g["id"]), "sampled": g["id"] != prompt_of(g["id"])})
-    data = {"sequences": sequences}
-    if computed or len(known) != len(sequences):
-        _atomic_save(data, path)
-    return data
-
-
-def _atomic_save(obj, path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 # ----------------------------------------------------------------------------- stage 4: training
-def _batches(sequences: list[dict], batch_tokens: int, generator: torch.Generator):
-    """Endless batches: lists of sequences whose answer positions add up to about `batch_tokens`."""
+def _atomic_save(obj, path: Path) -> None:
+    shards.atomic_save(obj, path)
+
+
+class ShardStream:
+    """A split's sequences read back from its feature shards, one shard in memory at a time.
+
+    Epoch e visits the shards in a permutation seeded by (seed, e) and each shard's sequences in a
+    permutation of their own, so position i of epoch e is the same sequence on every run: a
+    resumed training run continues with exactly the batches an uncut one would have seen.
+    """
+
+    def __init__(self, folder: Path, manifest: dict, split: str, seed: int):
+        self.paths = shards.shard_paths(folder, split, manifest)
+        self.counts = [manifest["shards"][p.name]["sequences"] for p in self.paths]
+        self.answer_tokens = sum(manifest["shards"][p.name]["answer_tokens"] for p in self.paths)
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return sum(self.counts)
+
+    def epoch(self, epoch: int, skip: int = 0):
+        """The sequences of `epoch` from position `skip` on (shards wholly skipped are not read)."""
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        order = torch.randperm(len(self.paths), generator=generator).tolist()
+        inner = [torch.randperm(n, generator=generator).tolist() for n in self.counts]
+        position = 0
+        for k in order:
+            if position + self.counts[k] <= skip:
+                position += self.counts[k]
+                continue
+            rows = list(shards.shard_sequences(torch.load(self.paths[k], weights_only=False)))
+            for j in inner[k]:
+                if position >= skip:
+                    yield rows[j]
+                position += 1
+
+    def all(self) -> list[dict]:
+        """Every sequence, in shard order (the held-out set: small)."""
+        return [s for p in self.paths for s in shards.shard_sequences(torch.load(p, weights_only=False))]
+
+
+def _batches(stream: ShardStream, batch_tokens: int, epoch: int, position: int):
+    """Endless (batch, cursor after it): sequences whose answer tokens add up to about
+    `batch_tokens`, from position `position` of epoch `epoch` on; an epoch's last batch may be short."""
     while True:
-        order = torch.randperm(len(sequences), generator=generator).tolist()
         batch, tokens = [], 0
-        for i in order:
-            s = sequences[i]
+        for s in stream.epoch(epoch, skip=position):
+            position += 1
             batch.append(s)
-            tokens += len(s["ids"]) - s["answer_start"]
+            tokens += int(s["loss_mask"].sum())
             if tokens >= batch_tokens:
-                yield batch
+                yield batch, (epoch, position)
                 batch, tokens = [], 0
+        epoch, position = epoch + 1, 0
         if batch:
-            yield batch
+            yield batch, (epoch, 0)
+        if not len(stream):
+            raise ValueError("no training sequences: the plan holds none (more data, or a smaller corpus.eval_fraction)")
+
+
+def position_mask(loss_mask: torch.Tensor) -> torch.Tensor:
+    """[T] answer tokens -> [T-1] trained positions: position t (reading f_t and x_{t+1}) regresses
+    f_{t+1}, which scores x_{t+2}: it trains where x_{t+2} is an answer token (the last position,
+    whose x_{t+2} lies beyond the sequence, where x_{t+1} is)."""
+    T = len(loss_mask)
+    m = torch.zeros(T - 1, dtype=torch.bool)
+    m[: T - 2] = loss_mask[2:]
+    m[T - 2] = loss_mask[T - 1]
+    return m
 
 
 def _collate(batch: list[dict]):
@@ -297,13 +325,14 @@ def _collate(batch: list[dict]):
         tokens[i, :n] = s["ids"][1:]  # x_{t+1}
         targets[i, :n] = f[1:]  # f_{t+1}: it predicts x_{t+2}
         attention[i, :n] = 1
-        # f_{t+1} scores x_{t+2}: train where that token belongs to the answer
-        loss_mask[i, max(s["answer_start"] - 2, 0) : n] = 1
+        loss_mask[i, :n] = position_mask(s["loss_mask"]).float()
     return features, tokens, targets, attention, loss_mask
 
 
 def _losses(head, lm_head: torch.Tensor, features, tokens, targets, attention, loss_mask, cfg: TrainConfig, noise: bool,
             p_positions: int | None = None):
+    """(feature loss, distribution loss, top-1 agreement); `lm_head` [N, H]: the rows of the
+    target's LM head the distribution term scores (its draft vocabulary, or all V)."""
     if noise and cfg.noise > 0:
         H = features.shape[-1]
         features = features + (torch.rand_like(features) - 0.5) * (cfg.noise * 512 / H)
@@ -316,9 +345,9 @@ def _losses(head, lm_head: torch.Tensor, features, tokens, targets, attention, l
         rows = torch.zeros_like(rows)
         rows[chosen[:, 0], chosen[:, 1]] = True
     with torch.no_grad():
-        target_logits = F.linear(targets[rows], lm_head)  # [n, V]
+        target_logits = F.linear(targets[rows], lm_head)  # [n, N]
         q = torch.softmax(target_logits, -1)
-    logits = F.linear(predict[rows], lm_head)  # [n, V]
+    logits = F.linear(predict[rows], lm_head)  # [n, N]
     ploss = -(q * torch.log_softmax(logits.float(), -1)).sum(-1).mean()
     top1 = (logits.argmax(-1) == target_logits.argmax(-1)).float().mean()
     return vloss, ploss, top1
@@ -335,70 +364,95 @@ def _lr_lambda(cfg: TrainConfig):
 
 
 @torch.no_grad()
-def evaluate(head, lm_head: torch.Tensor, sequences: list[dict], cfg: TrainConfig) -> float:
-    """Teacher-forced top-1 agreement of the head's next token with the target's, on answer positions."""
+def target_top1(target_head: torch.nn.Module, sequences: list[dict], chunk: int = 256) -> list[torch.Tensor]:
+    """Per sequence, [T-1]: the target's own next token after f_{t+1} (its LM head as it decodes,
+    over the full vocabulary), computed `chunk` rows at a time (V-wide logits are large)."""
+    out = []
+    for s in sequences:
+        f = s["features"][1:].float()  # [T-1, H]
+        out.append(torch.cat([target_head(f[a : a + chunk]).argmax(-1) for a in range(0, len(f), chunk)]))
+    return out
+
+
+@torch.no_grad()
+def evaluate(head, lm_head: torch.Tensor, vocab_ids: torch.Tensor | None, sequences: list[dict],
+             targets_top1: list[torch.Tensor]) -> float:
+    """Teacher-forced top-1 agreement, on answer positions, of the head's next token (over the
+    draft vocabulary `vocab_ids` [N] when given: the rows of `lm_head` [N, H]) with the target's
+    own (`target_top1`: over the full vocabulary, as the target verifies)."""
     if not sequences:
         return float("nan")
     head.eval()
-    hits = total = 0.0
+    hits = total = 0
     for b in range(0, len(sequences), 8):
-        features, tokens, targets, attention, loss_mask = _collate(sequences[b : b + 8])
-        _, _, top1 = _losses(head, lm_head, features, tokens, targets, attention, loss_mask, cfg, noise=False)
-        n = float(loss_mask.sum())
-        hits += float(top1) * n
-        total += n
+        batch = sequences[b : b + 8]
+        features, tokens, _, attention, loss_mask = _collate(batch)
+        predict = head(features, input_ids=tokens, attention_mask=attention)  # [B, T, H]
+        for i, s in enumerate(batch):
+            n = len(s["ids"]) - 1
+            rows = loss_mask[i, :n].bool()
+            guess = F.linear(predict[i, :n][rows], lm_head).argmax(-1)
+            if vocab_ids is not None:
+                guess = vocab_ids[guess]
+            hits += int((guess == targets_top1[b + i][rows]).sum())
+            total += int(rows.sum())
     head.train()
-    return hits / max(total, 1.0)
+    return hits / max(total, 1)
 
 
-def split_by_prompt(sequences: list[dict], eval_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """(training, held-out) sequences: `eval_fraction` of the prompts held out with all their
-    answers (a sampled answer in training would leak its prompt); held-out keeps the greedy ones."""
-    prompts = list(dict.fromkeys(s["prompt"] for s in sequences))
-    if len(prompts) < 2:
-        raise ValueError(f"{len(prompts)} training prompts: generate more (data.split.num_prompts)")
-    order = random.Random(seed).sample(prompts, len(prompts))
-    held = set(order[: max(1, int(len(prompts) * eval_fraction))] if eval_fraction > 0 else [])
-    return ([s for s in sequences if s["prompt"] not in held],
-            [s for s in sequences if s["prompt"] in held and not s["sampled"]])
+def _distribution_rows(target_model, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The LM-head rows [N, H] (float32) the distribution term scores, and their ids [N] (None: all V)."""
+    weight = target_model.get_output_embeddings().weight.detach().float()  # [V, H]; int8: dequantised
+    if cfg.p_vocab is None:
+        return weight, None
+    from ..models.vocab import DraftVocabulary
+
+    vocabulary = DraftVocabulary.load(cfg.p_vocab)
+    if vocabulary.vocab_size != weight.shape[0]:
+        raise ValueError(f"train.p_vocab {cfg.p_vocab!r} was built for {vocabulary.vocab_size} ids, the target's"
+                         f" LM head has {weight.shape[0]}: use its model pair's draft_vocabulary, or null")
+    ids = torch.tensor(vocabulary.token_ids, dtype=torch.long)
+    return weight.index_select(0, ids).contiguous(), ids
 
 
-def train_head(target_model, features: dict, head_cfg: dict, cfg: TrainConfig, out_dir: Path,
+def train_head(target_model, folder: Path, manifest: dict, head_cfg: dict, cfg: TrainConfig, out_dir: Path,
                progress: bool = True, resume: bool = True) -> tuple:
-    """Train eagle-llm's head on `features`; returns (head, steps, eval top-1, train sequences)."""
+    """Train eagle-llm's head on the feature shards in `folder` (streamed); returns (head, steps,
+    eval top-1, train sequences, history)."""
     from viasd_adapters.third_party.eagle import build_head
 
     torch.manual_seed(cfg.seed)
-    train, held_out = split_by_prompt(features["sequences"], cfg.eval_fraction, cfg.seed)
+    train = ShardStream(folder, manifest, "train", cfg.seed)
+    held_out = ShardStream(folder, manifest, "heldout", cfg.seed).all()
+    held_top1 = target_top1(target_model.get_output_embeddings(), held_out)
 
     head = build_head(head_cfg).float()
     head.gradient_checkpointing = False  # eagle-llm turns it on; on a CPU it only costs time
-    # The target's embeddings and LM head, frozen (float32 views when the target is float32).
+    # The target's embeddings and LM head, frozen (float32 copies; an int8 head dequantised).
     embeddings = target_model.get_input_embeddings().weight.detach().float()
-    lm_head_f32 = target_model.get_output_embeddings().weight.detach().float()  # [V, H]
+    lm_rows, vocab_ids = _distribution_rows(target_model, cfg)  # [N, H], [N] or None
     head.embed_tokens.weight = torch.nn.Parameter(embeddings, requires_grad=False)
     params = [p for n, p in head.named_parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg))
-    generator = torch.Generator().manual_seed(cfg.seed)
-    step, history = 0, []
+    step, history, cursor = 0, [], (0, 0)
     ckpt = out_dir / CHECKPOINT
     if resume and ckpt.is_file():
         state = torch.load(ckpt, weights_only=False)
         head.load_state_dict({**state["head"], "embed_tokens.weight": head.embed_tokens.weight}, strict=True)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
-        step, history = state["step"], state["history"]
-        logger.info("resumed from %s at step %d", ckpt, step)
+        step, history, cursor = state["step"], state["history"], tuple(state["cursor"])
+        logger.info("resumed from %s at step %d (epoch %d, sequence %d)", ckpt, step, *cursor)
     head.train()
-    batches = _batches(train, cfg.batch_tokens, generator)
+    batches = _batches(train, cfg.batch_tokens, *cursor)
     bar = tqdm(total=cfg.steps, initial=step, desc="train", disable=not progress)
     top1_eval = next((h["eval_top1"] for h in reversed(history) if "eval_top1" in h), float("nan"))
     while step < cfg.steps:
-        features_b, tokens, targets, attention, loss_mask = _collate(next(batches))
-        vloss, ploss, top1 = _losses(head, lm_head_f32, features_b, tokens, targets, attention, loss_mask, cfg,
+        batch, cursor = next(batches)
+        features_b, tokens, targets, attention, loss_mask = _collate(batch)
+        vloss, ploss, top1 = _losses(head, lm_rows, features_b, tokens, targets, attention, loss_mask, cfg,
                                      noise=True, p_positions=cfg.p_positions)
         loss = cfg.v_weight * vloss + cfg.p_weight * ploss
         optimizer.zero_grad(set_to_none=True)
@@ -410,9 +464,9 @@ def train_head(target_model, features: dict, head_cfg: dict, cfg: TrainConfig, o
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{top1.item():.2f}")
         record = {"step": step, "loss": loss.item(), "vloss": vloss.item(), "ploss": ploss.item(),
-                  "top1": top1.item()}
+                  "top1": top1.item(), "epoch": cursor[0]}
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            top1_eval = evaluate(head, lm_head_f32, held_out, cfg)
+            top1_eval = evaluate(head, lm_rows, vocab_ids, held_out, held_top1)
             record["eval_top1"] = top1_eval
             logger.info("step %d: loss %.4f, held-out top-1 %.3f", step, loss.item(), top1_eval)
         history.append(record)
@@ -420,7 +474,7 @@ def train_head(target_model, features: dict, head_cfg: dict, cfg: TrainConfig, o
             _atomic_save({
                 "head": {k: v for k, v in head.state_dict().items() if k != "embed_tokens.weight"},
                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "generator": generator.get_state(), "torch_rng": torch.get_rng_state(),
+                "torch_rng": torch.get_rng_state(), "cursor": list(cursor),
                 "step": step, "history": history,
             }, ckpt)
     bar.close()
@@ -435,11 +489,13 @@ class EagleTrainingConfig:
 
     split: PromptSplit = field(default_factory=PromptSplit)
     data: DataConfig = field(default_factory=DataConfig)
+    corpus: shards.CorpusConfig = field(default_factory=shards.CorpusConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        for name, kind in (("split", PromptSplit), ("data", DataConfig), ("head", HeadConfig), ("train", TrainConfig)):
+        for name, kind in (("split", PromptSplit), ("data", DataConfig), ("corpus", shards.CorpusConfig),
+                           ("head", HeadConfig), ("train", TrainConfig)):
             value = getattr(self, name)
             if isinstance(value, dict):
                 setattr(self, name, kind(**value))
@@ -447,17 +503,34 @@ class EagleTrainingConfig:
             raise ValueError(f"train.steps must be >= 1, got {self.train.steps}")
 
 
-def train_eagle_head(loaded: LoadedModel, cfg: EagleTrainingConfig, out_dir: str | Path, progress: bool = True,
-                     resume: bool = True) -> TrainResult:
-    """Stages 1-5 for the target `loaded`; the head folder is `out_dir`."""
-    from viasd_adapters.third_party.eagle import TransformersEagleBase, head_config, save_head
+STAGES = ("generate", "features", "train")  # what `stop_after` may name
 
+
+def features_dir(cfg: EagleTrainingConfig, out_dir: Path) -> Path:
+    """Where the plan and the feature shards live: `corpus.dir`, else out_dir/features."""
+    return Path(cfg.corpus.dir).expanduser() if cfg.corpus.dir else out_dir / FEATURES_DIR
+
+
+def train_eagle_head(loaded: LoadedModel, cfg: EagleTrainingConfig, out_dir: str | Path, progress: bool = True,
+                     resume: bool = True, stop_after: str | None = None) -> TrainResult:
+    """Stages 1-5 for the target `loaded`; the head folder is `out_dir`.
+
+    `stop_after` ("generate" or "features") ends the run after that stage (the result then reports
+    0 steps); a later run with the same configuration continues from there.
+    """
+    from viasd_adapters.third_party.eagle import head_config, save_head
+
+    if stop_after is not None and stop_after not in STAGES:
+        raise ValueError(f"stop_after={stop_after!r} is not one of {', '.join(STAGES)} (or null)")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    folder = features_dir(cfg, out_dir)
     recipe_path, timings_path = out_dir / RECIPE, out_dir / TIMINGS
     if not resume:
-        for name in (GENERATIONS, FEATURES, CHECKPOINT, TIMINGS):
+        for name in (GENERATIONS, CHECKPOINT, TIMINGS):
             (out_dir / name).unlink(missing_ok=True)
+        if not cfg.corpus.dir and folder.is_dir():  # an explicit corpus.dir may be shared: never deleted
+            shutil.rmtree(folder)
     previous = json.loads(timings_path.read_text()) if timings_path.is_file() else {}
     seconds, cpu_seconds = previous.get("seconds", {}), previous.get("cpu_seconds", {})
 
@@ -471,26 +544,40 @@ def train_eagle_head(loaded: LoadedModel, cfg: EagleTrainingConfig, out_dir: str
         timings_path.write_text(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds}) + "\n")
         return result
 
-    prompts = training_prompts(cfg.split)
-    generations = timed("generate", generate_answers, loaded, prompts, cfg.data, out_dir / GENERATIONS, progress)
-    base = TransformersEagleBase(loaded.model)
-    features = timed("features", compute_features, base, generations, cfg.data, out_dir / FEATURES, progress)
+    prompts, generations = [], None
+    if cfg.corpus.self_distill:
+        prompts = training_prompts(cfg.split)
+        generations = timed("generate", generate_answers, loaded, prompts, cfg.data, out_dir / GENERATIONS, progress)
+
+    def stopped(stage: str, plan: dict | None = None) -> TrainResult:
+        summary = shards.plan_summary(plan)["train"] if plan else {"sequences": 0, "answer_tokens": 0}
+        logger.info("stopped after %s", stage)
+        return TrainResult(out_dir, 0, summary["sequences"], summary["answer_tokens"], float("nan"), seconds,
+                           cpu_seconds)
+
+    if stop_after == "generate":
+        return stopped("generate")
+    plan, manifest = timed("features", shards.run_features, loaded, cfg.corpus, folder, generations,
+                           cfg.data.max_seq_len, progress)
+    if stop_after == "features":
+        return stopped("features", plan)
     config = head_config(loaded.model.config, cfg.head.intermediate_size, cfg.head.bias)
     head, steps, top1, n_train, history = timed(
-        "train", train_head, loaded.model, features, config, cfg.train, out_dir, progress, resume)
-    answer_tokens = sum(len(s["ids"]) - s["answer_start"] for s in features["sequences"])
+        "train", train_head, loaded.model, folder, manifest, config, cfg.train, out_dir, progress, resume)
+    summary = shards.plan_summary(plan)
     recipe = {
         "target": loaded.spec.name, "target_dtype": loaded.spec.dtype,
-        "prompts": [pid for pid, _ in prompts], "sequences": len(features["sequences"]),
-        "train_sequences": n_train, "answer_tokens": answer_tokens,
-        "total_tokens": sum(len(s["ids"]) for s in features["sequences"]),
+        "prompts": [pid for pid, _ in prompts], "features": str(folder),
+        "sequences": summary["train"]["sequences"] + summary["heldout"]["sequences"],
+        "train_sequences": n_train, "answer_tokens": summary["train"]["answer_tokens"],
+        "total_tokens": summary["train"]["tokens"], "heldout": summary["heldout"],
         "steps": steps, "eval_top1": top1, "seconds": seconds, "cpu_seconds": cpu_seconds,
         "threads": torch.get_num_threads(),
-        "config": {k: asdict(v) for k, v in (("split", cfg.split), ("data", cfg.data), ("head", cfg.head),
-                                            ("train", cfg.train))},
+        "config": {k: asdict(v) for k, v in (("split", cfg.split), ("data", cfg.data), ("corpus", cfg.corpus),
+                                            ("head", cfg.head), ("train", cfg.train))},
         "head_config": config, "history": history[-5:],
     }
     save_head(head, config, out_dir, full=True, compact=True,
               metadata={"target": loaded.spec.name, "steps": steps, "eval_top1": round(top1, 4)})
     recipe_path.write_text(json.dumps(recipe, indent=2) + "\n")
-    return TrainResult(out_dir, steps, len(features["sequences"]), answer_tokens, top1, seconds, cpu_seconds)
+    return TrainResult(out_dir, steps, n_train, summary["train"]["answer_tokens"], top1, seconds, cpu_seconds)
