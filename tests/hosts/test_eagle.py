@@ -817,3 +817,23 @@ def test_eagle_on_the_int8_target_reproduces_int8_ar(accepting_pair):
     eagle = EagleDecoder(target=model, head=head).generate(PROMPT, 40)
     assert eagle.tokens == ar.tokens
     assert 0 < eagle.stats.accepted < eagle.stats.drafted
+
+
+def test_eagle_on_the_compiled_int8_target_reproduces_its_ar(accepting_pair):
+    """EAGLE's tree rows go through the compiled decode step (a tree is a mask there) into EAGLE's own
+    KV buffers, and its tokens equal the compiled int8 target's AR."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from viasd_adapters.models.compiled import attach_step
+    from viasd_adapters.models.quantize import calibrate_outliers, quantize_linears
+
+    _, target, head = accepting_pair
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    quantize_linears(model, "int8", outliers=calibrate_outliers(model, AutoTokenizer.from_pretrained(target)))
+    step = attach_step(model)
+    ar = AutoregressiveDecoder(model).generate(PROMPT, 40)
+    decoder = EagleDecoder(target=model, head=head)
+    assert decoder.model.ea.base_model.tree_layers.step is step
+    eagle = decoder.generate(PROMPT, 40)
+    assert eagle.tokens == ar.tokens
+    assert 0 < eagle.stats.accepted < eagle.stats.drafted

@@ -62,11 +62,11 @@ def load_ea_model(base_model_path: str | Path, ea_model_path: str | Path, backen
 
 
 def ea_model_from_target(target: PreTrainedModel, ea_model_path: str | Path,
-                         tokenizer_path: str | Path | None = None) -> EaModel:
+                         tokenizer_path: str | Path | None = None, step=None) -> EaModel:
     """An `EaModel` around a transformers model already in memory (shared, not reloaded).
 
     `tokenizer_path`: a folder `AutoTokenizer` reads (EaModel loads one); default: the folder the
-    target was loaded from.
+    target was loaded from. `step`: a faster forward of the target's layers (`TransformersLayers`).
     """
     path = tokenizer_path or getattr(target.config, "_name_or_path", "")
     if not path or not Path(path).is_dir():
@@ -74,7 +74,7 @@ def ea_model_from_target(target: PreTrainedModel, ea_model_path: str | Path,
             "EaModel loads the target's tokenizer from a folder: pass tokenizer_path (the target's folder);"
             f" the target's config names {path!r}"
         )
-    return _assemble(TransformersEagleBase(target), str(path), ea_model_path)
+    return _assemble(TransformersEagleBase(target, step), str(path), ea_model_path)
 
 
 def _assemble(base, base_model_path: str, ea_model_path: str | Path) -> EaModel:

@@ -60,9 +60,10 @@ class _TreeDecoder(nn.Module):
 class TransformersEagleBase(nn.Module):
     """eagle-llm's base-model interface over a transformers Llama / Qwen2 / Qwen3 / Mistral causal LM."""
 
-    def __init__(self, model: PreTrainedModel):
+    def __init__(self, model: PreTrainedModel, step=None):
+        """`step`: a faster forward of the model's layers (see `TransformersLayers`); None: its own."""
         super().__init__()
-        self.tree_layers = TransformersLayers(model)  # raises for unsupported architectures
+        self.tree_layers = TransformersLayers(model, step)  # raises for unsupported architectures
         self.target = model  # the transformers model itself (what AR decoding runs)
         self.model = _TreeDecoder(self.tree_layers)
         self.lm_head = model.get_output_embeddings()

@@ -40,7 +40,10 @@ class TransformersLayers:
 
     SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, step=None):
+        """`step`: a faster forward of the same layers, called as `step(ids [n], kv, mask [n, past + n],
+        positions [n]) -> hidden [n, H]` with `kv = step.buffers(keys, values, past)` over the KV
+        buffers (layer -> [H_kv, S, D]); None: the model's own layers, one by one."""
         config = model.config
         if config.model_type not in self.SUPPORTED:
             raise ValueError(
@@ -56,6 +59,7 @@ class TransformersLayers:
         self.body = model.get_decoder()  # embed_tokens, layers, norm, rotary_emb
         self.lm_head = model.get_output_embeddings()
         self.config = config
+        self.step = step
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, caches: list | None,
                 tree_mask: torch.Tensor | None) -> torch.Tensor:
@@ -67,8 +71,10 @@ class TransformersLayers:
         past = 0
         if caches is not None:
             past = int(next(pair for pair in caches if pair is not None)[0].current_length)
-        hidden = self.body.embed_tokens(input_ids)
         n = input_ids.shape[1]
+        if self.step is not None and caches is not None:
+            return self._step(input_ids, position_ids, caches, tree_mask, past)
+        hidden = self.body.embed_tokens(input_ids)
         position_ids = position_ids.reshape(1, n).to(hidden.device)
         cache = BufferCache(caches) if caches is not None else None
         kwargs = dict(
@@ -81,3 +87,15 @@ class TransformersLayers:
             out = layer(hidden, **kwargs)
             hidden = out[0] if isinstance(out, tuple) else out
         return self.body.norm(hidden)
+
+    def _step(self, input_ids, position_ids, caches: list, tree_mask, past: int) -> torch.Tensor:
+        n = input_ids.shape[1]
+        pairs = {i: pair for i, pair in enumerate(caches) if pair is not None}
+        kv = self.step.buffers({i: p[0].data[0] for i, p in pairs.items()}, {i: p[1].data[0] for i, p in pairs.items()},
+                               past)
+        mask = tree_mask_4d(past, n, tree_mask, input_ids.device)[0, 0]  # [n, past + n]
+        hidden = self.step(input_ids[0], kv, mask=mask, positions=position_ids.reshape(n))
+        for pair in pairs.values():
+            for buffer in pair:
+                buffer.current_length.fill_(past + n)
+        return hidden[None]

@@ -42,6 +42,7 @@ from transformers import PreTrainedModel
 from ..compat import built_kind, check
 from ..configs import ROUTING_FORMS, named_config
 from ..decode import CommittedSequence, Decoder, DecodeStats, GenerationResult
+from ..models.compiled import decode_step
 from ..models.vocab import DraftVocabulary, VocabularyDraftHead
 from ..routing import RoutingMask, SlimModel
 from ..runner import CallStats
@@ -435,7 +436,7 @@ class EagleDecoder(Decoder):
                 raise ValueError("the tiered verifier was built for another target than EAGLE's (its slim view)")
         self.tree = _tree_from_name(tree)
         if ea_model is None:
-            ea_model = ea_model_from_target(target, resolve_head(head), tokenizer_path)
+            ea_model = ea_model_from_target(target, resolve_head(head), tokenizer_path, step=decode_step(target))
         if verifier is None:
             verifier = tiers_verifier(ea_model, routing, policy, max_unverified, rejudge)
         elif routing is not None or policy is not None:

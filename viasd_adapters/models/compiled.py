@@ -205,15 +205,26 @@ class StaticKV:
     def __init__(self, layers: list[int], kv_heads: int, head_dim: int, dtype: torch.dtype, device):
         self.layers = layers
         self._shape, self.dtype, self.device = (kv_heads, head_dim), dtype, device
-        self.keys: dict[int, torch.Tensor] = {}
+        self.keys: dict[int, torch.Tensor] = {}  # layer -> [Hkv, S, D]
         self.values: dict[int, torch.Tensor] = {}
-        self.capacity = 0
+        self.capacity = 0  # S
         self.length = 0
+        self.growable = True
+
+    @classmethod
+    def over(cls, keys: dict[int, torch.Tensor], values: dict[int, torch.Tensor], length: int) -> StaticKV:
+        """Buffers someone else owns (EAGLE's), [Hkv, S, D] per layer, `length` positions held; they never grow."""
+        first = next(iter(keys.values()))
+        kv = cls(sorted(keys), first.shape[0], first.shape[2], first.dtype, first.device)
+        kv.keys, kv.values, kv.capacity, kv.length, kv.growable = keys, values, first.shape[1], length, False
+        return kv
 
     def reserve(self, length: int) -> None:
         """Make room for `length` positions (whole KV_GROWTH blocks; held positions are kept)."""
         if length <= self.capacity:
             return
+        if not self.growable:
+            raise ValueError(f"the KV buffers hold {self.capacity} positions, {length} are needed: raise their length")
         capacity = math.ceil(length / KV_GROWTH) * KV_GROWTH
         Hkv, D = self._shape
         for store in (self.keys, self.values):
@@ -260,6 +271,12 @@ class DecodeStep:
         # One graph for every layer (weights are inputs), so a model compiles once per row-count class.
         self._layer = torch.compile(decoder_layer, fullgraph=True) if compile else decoder_layer
         self.dtype = body.embed_tokens.weight.dtype
+
+    def buffers(self, keys: dict[int, torch.Tensor], values: dict[int, torch.Tensor], length: int) -> StaticKV:
+        """A cache over someone else's buffers (layer -> [Hkv, S, D]) holding `length` positions."""
+        if sorted(keys) != sorted(self.layers):
+            raise ValueError(f"buffers for layers {sorted(keys)}, but this step runs layers {self.layers}")
+        return StaticKV.over(keys, values, length)
 
     def new_cache(self) -> StaticKV:
         return StaticKV(self.layers, self.shape.kv_heads, self.shape.head_dim, self.dtype,
