@@ -10,7 +10,7 @@ import torch
 
 from tests.test_configs import compose_generate
 from viasd_adapters.cli.generate import run
-from viasd_adapters.profile import LatencyEntry, LatencyProfile, chosen_draft_variant, default_profile_path
+from viasd_adapters.costs import LatencyEntry, LatencyProfile, chosen_draft_variant, default_profile_path
 
 NAME = "tiny-random"  # draft and target of the tiny pair share the name; the variant tells them apart
 TINY = ("model_pair=tiny-random", "runtime.dtype=float32", "runtime.draft_dtype=float32", "prompt=Hello there",

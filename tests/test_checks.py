@@ -86,7 +86,7 @@ def placeholder_profile(tmp_path, monkeypatch):
     fresh machine has none, so the checks read flat placeholder costs (they check configs, not speed)."""
     import torch
 
-    from viasd_adapters.profile import LatencyEntry, LatencyProfile, default_profile_path
+    from viasd_adapters.costs import LatencyEntry, LatencyProfile, default_profile_path
 
     monkeypatch.setenv("VIASD_CACHE", str(tmp_path))
     threads = torch.get_num_threads()

@@ -81,7 +81,7 @@ def test_every_benchmark_method_builds_on_the_tiny_pair(tmp_path, monkeypatch):
 
     from viasd_adapters.decode.schedule import AdaptiveDraftLength
     from viasd_adapters.pipeline import build_decoder, load_pair
-    from viasd_adapters.profile import LatencyEntry, LatencyProfile, default_profile_path
+    from viasd_adapters.costs import LatencyEntry, LatencyProfile, default_profile_path
 
     # sd-adaptive reads this machine's latency profile: give it one for the tiny models
     monkeypatch.setenv("VIASD_CACHE", str(tmp_path))

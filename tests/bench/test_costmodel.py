@@ -1,4 +1,4 @@
-"""The cost model against benchmark records: predictions, the variant each record ran, and the break-even algebra."""
+"""The cost model against benchmark records: predictions, and the variant each record ran."""
 
 import pytest
 
@@ -6,11 +6,9 @@ from viasd_adapters.bench.costmodel import (
     modelled_speedups,
     predict_records,
     record_costs,
-    settled_share_needed,
-    slim_ratio_needed,
     validation_table,
 )
-from viasd_adapters.profile import CostModel, LatencyEntry, LatencyProfile, Line
+from viasd_adapters.costs import CostModel, LatencyEntry, LatencyProfile, Line
 
 
 def _costs() -> CostModel:
@@ -70,27 +68,6 @@ def test_modelled_speedups_come_from_the_measured_call_counts():
     assert "modelled" in device and speedups["sd"] == pytest.approx(40 / 12.5) and speedups["ar"] == pytest.approx(1.0)
     with pytest.raises(AssertionError):
         modelled_speedups(records, [_costs()], {})
-
-
-def test_settled_share_needed_by_hand():
-    # GPU-like: c = 0.05, K = 5: SD costs 1.25 per round; VIA-SD with s = 0.6, e = 0.8 must keep
-    # s + (1 - x) e <= 1.25 / 1.1 - 0.25 = 0.8864 -> x >= 1 - 0.2864 / 0.8 = 0.642
-    assert settled_share_needed(0.05, 5, 0.6, 0.8) == pytest.approx(1 - (1.25 / 1.1 - 0.25 - 0.6) / 0.8)
-    # this CPU: c = 0.47: the slim pass alone (0.83) is more than SD's whole margin
-    assert settled_share_needed(0.47, 5, 0.83, 0.6) is None
-    # a free slim pass that settles nothing, against no gain: nothing needed
-    assert settled_share_needed(0.1, 4, 0.0, 1.0, gain=1.0) == pytest.approx(0.0, abs=1e-12)
-
-
-def test_slim_ratio_needed_by_hand():
-    # c = 0.25, K = 2: the host pays 1.5 per round; settling 36 % with e = 0.6 leaves
-    # s <= 1.5 / 1.1 - 0.5 - 0.64 * 0.6 = 0.4796
-    assert slim_ratio_needed(0.25, 2, 0.36, 0.6) == pytest.approx(1.5 / 1.1 - 0.5 - 0.64 * 0.6)
-    # the two are inverses of one another
-    s = slim_ratio_needed(0.1, 3, 0.5, 0.7)
-    assert settled_share_needed(0.1, 3, s, 0.7) == pytest.approx(0.5)
-    # settling nothing with a full escalation: even a free slim pass loses the 10 %
-    assert slim_ratio_needed(0.25, 2, 0.0, 1.0) is None
 
 
 def test_the_costmodel_command_profiles_the_tiny_pair_then_predicts_records_with_it(tmp_path):

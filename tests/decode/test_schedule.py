@@ -112,18 +112,3 @@ def test_fixed_draft_length_rejects_nonsense():
         FixedDraftLength(0)
     with pytest.raises(ValueError, match="k_min <= k_max"):
         AdaptiveDraftLength(AMX, k_max=2, k_min=3)
-
-
-def test_without_a_profile_the_schedule_uses_its_stated_fallback_or_fails(tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv("VIASD_CACHE", str(tmp_path))  # no profile cached here
-    names = dict(draft="d", target="t", dtype="bfloat16", draft_dtype="bfloat16")
-    with pytest.raises(FileNotFoundError, match="viasd-profile"):
-        AdaptiveDraftLength.from_profile(**names)
-    with caplog.at_level("WARNING"):
-        schedule = AdaptiveDraftLength.from_profile(**names, fallback_costs={"draft_step": 0.5, "verify": [1.0, 3.0]})
-    assert "viasd-profile" in caplog.text
-    assert schedule.costs == DraftCosts(0.5, (1.0, 3.0))
-    assert schedule.next() == 1  # a verify that costs 2 steps per token: never draft long
-    with pytest.raises(FileNotFoundError):  # a profile named explicitly must exist
-        AdaptiveDraftLength.from_profile(**names, profile_path=str(tmp_path / "missing.json"),
-                                         fallback_costs={"draft_step": 0.5, "verify": [1.0]})

@@ -209,7 +209,7 @@ def test_calibration_texts_are_cached_per_prompt(tmp_path, prompts_file):
 def test_cost_aware_search_prices_masks_with_a_profile(tmp_path, prompts_file):
     import torch
 
-    from viasd_adapters.profile import LatencyEntry, LatencyProfile
+    from viasd_adapters.costs import LatencyEntry, LatencyProfile
 
     # The tiny target whole (layers None) and as slim views: 0.1 ms per call and 0.225 per layer run
     entries = [LatencyEntry("tiny-random", "float32", torch.get_num_threads(), 128, n, 0.1 + 0.225 * l,

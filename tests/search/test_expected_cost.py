@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny
-from viasd_adapters.profile import CostModel
+from viasd_adapters.costs import CostModel
 from viasd_adapters.routing import RoutingMask
 from viasd_adapters.search import CalibrationSet, CalibrationText, EvaluationStore, ExpectedCost, MaskObjective, Reference
 from viasd_adapters.search.objective import MaskMetrics, block_outcomes

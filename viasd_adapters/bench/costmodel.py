@@ -2,11 +2,11 @@
 
 Every benchmark record holds, per model, how many forward passes ran, how many tokens they fed
 and the variant that ran (`DecodeStats.model_calls`: `calls`, `tokens`, `variant`). A
-`CostModel` (`viasd_adapters.profile`: lines fitted on a device's latency profile, or modelled
+`CostModel` (`viasd_adapters.costs`: lines fitted on a device's latency profile, or modelled
 ratios) prices those counts; `predict_records` sets the prediction beside the measured speed, so
 the model states its own error (what it leaves out: drafting's sampling and the verifier's
-bookkeeping between forwards). The break-even functions at the end solve VIA-SD's round cost
-against its host's for the settled share, or the slim cost, that a gain needs.
+bookkeeping between forwards). The cost model itself, and what a gain over the host needs
+(`costs.breakeven`), live in `viasd_adapters.costs`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
-from ..profile import CostModel, LatencyProfile
+from ..costs import CostModel, LatencyProfile
 
 
 def record_costs(profile: LatencyProfile, target: str, draft: str | None = None,
@@ -27,7 +27,7 @@ def record_costs(profile: LatencyProfile, target: str, draft: str | None = None,
 
     @functools.cache
     def fitted(dtype: str, draft_dtype: str, threads: int | None) -> CostModel:
-        return profile.cost_model(target, draft, dtype, draft_dtype, threads, context)
+        return CostModel.fit(profile, target, draft, dtype, draft_dtype, threads, context)
 
     def costs(record: dict) -> CostModel:
         calls = record["model_calls"]
@@ -114,45 +114,3 @@ def modelled_speedups(records: list[dict], models: list[CostModel], slim_layers:
         out[model.device] = {p.method: p.predicted_speedup for p in predict_records(
             records, lambda _, model=model: model, slim_layers, baseline, full_layers)}
     return out
-
-
-# ---------------------------------------------------------------------- break-even
-
-
-def settled_share_needed(draft_ratio: float, block: int, slim_ratio: float, escalate_ratio: float,
-                         gain: float = 1.10) -> float | None:
-    """Share of verify blocks the slim tier must settle for VIA-SD to run `gain` x its host (SD).
-
-    Per round, with costs in target steps and the same tokens per round on both sides (VIA-SD's
-    lossless points commit what SD commits):
-
-        SD:     K * c + 1                       VIA-SD: K * c + s + (1 - settled) * e
-
-    so settled >= 1 - ((K c + 1) / gain - K c - s) / e. None: out of reach even when every block
-    settles (the slim pass alone costs too much next to the draft).
-
-    Args:
-        draft_ratio: c, one draft step / one target step.
-        block: K, draft tokens per round.
-        slim_ratio, escalate_ratio: s and e, a slim forward and an escalation / a full verify.
-    """
-    budget = _verify_budget(draft_ratio, block, gain) - slim_ratio
-    if budget < 0:
-        return None
-    return max(0.0, 1.0 - budget / escalate_ratio)
-
-
-def slim_ratio_needed(draft_ratio: float, block: int, settled: float, escalate_ratio: float,
-                      gain: float = 1.10) -> float | None:
-    """The most a slim forward may cost (/ a full verify) for VIA-SD to run `gain` x its host, when
-    the slim tier settles `settled` of the blocks: the same round costs as `settled_share_needed`,
-    solved for s = (K c + 1) / gain - K c - (1 - settled) e. None: out of reach even with a free
-    slim pass."""
-    budget = _verify_budget(draft_ratio, block, gain) - (1.0 - settled) * escalate_ratio
-    return budget if budget >= 0 else None
-
-
-def _verify_budget(draft_ratio: float, block: int, gain: float) -> float:
-    """What VIA-SD may spend verifying one round, in target steps, to run `gain` x SD: the host's
-    round (K c + 1) shrunk by the gain, less the same K c of drafting."""
-    return (block * draft_ratio + 1.0) / gain - block * draft_ratio

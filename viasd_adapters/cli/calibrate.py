@@ -24,7 +24,7 @@ from ..search.calibration import PromptSource, select_prompts
 from ..search.thresholds import (
     ThresholdResult, choose, evaluate_thresholds, host_cost, reference_outputs, verify_cost, write_policy,
 )
-from ..search.timing import measure_cost_ratio
+from ..costs import measure_cost_ratio
 from ..configs import load_routing, result_option
 from . import apply_routing_file, check_prompt_sources, entry_point, set_threads
 

@@ -6,7 +6,7 @@
 
 `profile` times the pair's target (whole and under each routing mask: the layer dimension) and
 draft (also as each quantised variant its drafter may run), decode-sized and prompt-sized
-forwards, and writes profile.json (a latency profile, viasd_adapters/profile.py) and profile.md
+forwards, and writes profile.json (a latency profile, viasd_adapters/costs/profile.py) and profile.md
 (its entries and the cost model fitted to them). `predict` prices every record's forward counts
 with the cost model of the variants it ran (bench/costmodel.py), writes the predicted against
 measured table, and the speedups the same counts give on modelled GPU-like devices, labelled as
@@ -23,7 +23,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from ..bench import costmodel
-from ..profile import CostModel, LatencyProfile, load_profile, measure_pair
+from ..configs import load_routing
+from ..costs import CostModel, LatencyProfile, load_profile, measure_pair
+from ..pipeline import load_pair
 from . import entry_point, set_threads
 
 logger = logging.getLogger(__name__)
@@ -64,9 +66,6 @@ def profile_markdown(profile: LatencyProfile, fitted: dict[str, CostModel]) -> s
 def run(cfg: DictConfig) -> Path:
     out_dir = Path(cfg.out_dir)
     if cfg.mode == "profile":
-        from ..pipeline import load_pair
-        from ..configs import load_routing
-
         masks = [instantiate(node, _convert_="all") for node in load_routing(list(cfg.masks)).values()]
         set_threads(cfg.threads)
         pair = load_pair(cfg.model_pair, with_draft=True)
@@ -74,8 +73,8 @@ def run(cfg: DictConfig) -> Path:
                                list(cfg.quantizations))
         profile.save(out_dir / "profile.json")
         draft_dtype = pair.draft.spec.dtype
-        fitted = {v: profile.cost_model(pair.target.spec.name, pair.draft.spec.name, pair.target.spec.dtype, v,
-                                        context=cfg.context)
+        fitted = {v: CostModel.fit(profile, pair.target.spec.name, pair.draft.spec.name, pair.target.spec.dtype, v,
+                                   context=cfg.context)
                   for v in [draft_dtype] + [f"{draft_dtype}+{q}" for q in cfg.quantizations]}
         (out_dir / "profile.md").write_text(profile_markdown(profile, fitted))
         return out_dir / "profile.md"

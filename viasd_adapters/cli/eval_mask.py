@@ -36,7 +36,7 @@ from ..search import (
     prepare_target,
     sensitivity,
 )
-from ..search.timing import CostRatio, measure_cost_ratio
+from ..costs import CostRatio, measure_cost_ratio
 
 logger = logging.getLogger(__name__)
 

@@ -41,8 +41,7 @@ from ..bench.harness import BenchSettings, Harness, Method
 from ..bench.tasks import Prompt, Task
 from ..hardware import cpu_info
 from ..pipeline import build_decoder, encode_prompt, load_pair
-from ..profile import CostModel, load_profile, measure_pair
-from ..search.space import attention_share
+from ..costs import CostModel, attention_share, load_profile, measure_cost_ratio, measure_pair
 from ..configs import load_routing
 from . import entry_point, set_threads
 
@@ -149,7 +148,6 @@ def costmodel_section(records, points, costs, baseline: str) -> list[str]:
 def measure_costs(cfg: DictConfig, out_dir: Path, pair, routing: dict[str, DictConfig], context_ids) -> None:
     """slim_costs.json (slim / full ms per mask, one verify block) and profile.json, once per out_dir."""
     from ..routing import RoutingMask
-    from ..search.timing import measure_cost_ratio
 
     masks = {name: instantiate(node, _convert_="all") for name, node in routing.items()}
     costs_path = out_dir / "slim_costs.json"
@@ -178,7 +176,7 @@ def calibrate_gates(cfg: DictConfig, out_dir: Path, pair, points) -> list:
     path = out_dir / "gates.json"
     gates = json.loads(path.read_text()) if path.is_file() else {}
     target = pair.target.spec
-    profile = load_profile(out_dir / "profile.json").cost_model(target.name, dtype=target.dtype, context=cfg.profile.context)
+    profile = CostModel.fit(load_profile(out_dir / "profile.json"), target.name, dtype=target.dtype, context=cfg.profile.context)
     share = attention_share(pair.target.model)
     prompts = [encode_prompt(pair.target, text, cfg.chat_template)
                for source in cfg.gate.prompts.sources

@@ -12,16 +12,16 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from ..costs import (
+    Choice, LatencyProfile, ProfileGrid, choose_configuration, default_profile_path, load_profile,
+    measure_profile, missing_points, split_variant, usable_threads,
+)
 from ..decode import AutoregressiveDecoder, GenerationResult, SpeculativeDecoder
 from ..decode.schedule import AdaptiveDraftLength
 from ..draft import ModelDrafter
 from ..models import load_model
 from ..models.spec import QUANTIZED_PRECISIONS
 from ..pipeline import encode_prompt
-from ..profile import (
-    Choice, LatencyProfile, ProfileGrid, choose_configuration, default_profile_path, load_profile,
-    measure_profile, missing_points, split_variant, usable_threads,
-)
 from ..verify import LosslessVerifier
 from . import entry_point
 

@@ -29,7 +29,7 @@ from ..models import load_model
 from ..configs import ROUTING_FORMS, named_config, result_option
 from . import check_prompt_sources, entry_point, set_threads
 from ..routing import RoutingMask
-from ..profile import load_profile
+from ..costs import CostModel, load_profile
 from ..search import (
     Baselines,
     ExpectedCost,
@@ -72,7 +72,7 @@ def run(cfg: DictConfig) -> SearchOutput:
         raise ValueError("search.config.cost=expected needs search.expected.profile=PATH (a latency profile of"
                          " this device with the target and slim views: viasd-costmodel mode=profile)")
     target = cfg.model_pair.target
-    profile = (load_profile(expected_cfg.profile).cost_model(target.name, dtype=target.dtype)
+    profile = (CostModel.fit(load_profile(expected_cfg.profile), target.name, dtype=target.dtype)
                if search_cfg.cost == "expected" else None)
     known = _known_seeds(list(cfg.search.seeds))  # a missing mask fails before the model loads
     loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))

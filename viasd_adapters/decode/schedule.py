@@ -9,21 +9,19 @@ one single-token target step, with c = draft step / target step and v(K+1) = (K+
 
     S(a, K) = (1 - a^(K+1)) / ((1 - a) (K c + v(K+1)))
 
-c and v come from the device's latency profile (`viasd_adapters.profile`), a from the rounds
-already decoded. None of it changes which tokens a lossless verifier commits, only how fast.
+c and v come from the device's latency profile (`viasd_adapters.costs` builds these schedules
+from it: `costs.adaptive_draft_length`), a from the rounds already decoded. None of it changes
+which tokens a lossless verifier commits, only how fast.
 """
 
 from __future__ import annotations
 
-import logging
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
-
-logger = logging.getLogger(__name__)
 
 
 def expected_tokens_per_round(a: float, k: int) -> float:
@@ -39,7 +37,7 @@ def expected_tokens_per_round(a: float, k: int) -> float:
 class DraftCosts:
     """A draft/target pair's costs in units of one single-token target forward.
 
-    From a latency profile (`LatencyProfile.draft_costs`) or measured by hand.
+    From a latency profile (`costs.LatencyProfile.draft_costs`) or measured by hand.
     """
 
     draft_step: float  # c: one single-token draft forward / one single-token target forward
@@ -165,35 +163,3 @@ class AdaptiveDraftLength(DraftLength):
     def update(self, drafted: int, accepted: int) -> None:
         if drafted:
             self.recent.append((accepted, int(accepted < drafted)))
-
-    @classmethod
-    def from_profile(
-        cls,
-        draft: str,
-        target: str,
-        dtype: str,
-        draft_dtype: str,
-        context: int = 256,
-        profile_path: str | None = None,
-        device: str = "cpu",
-        fallback_costs: dict | None = None,
-        **kwargs,
-    ) -> AdaptiveDraftLength:
-        """Costs of (draft, target) in these dtypes from this machine's cached latency profile
-        (`viasd-profile` measures it), at the thread count each generation runs with; `kwargs`
-        go to the constructor. When the cached profile is missing or lacks these models:
-        `fallback_costs` (`DraftCosts` fields) with a warning, or, when none are given, an error
-        at once, before any decoding. A profile named by `profile_path` must have them."""
-        from ..profile import load_profile  # the profile module loads models; keep this one light
-
-        k_max = kwargs.get("k_max", 8)
-        try:
-            profile = load_profile(profile_path, device)
-            costs = lambda threads: profile.draft_costs(draft, target, dtype, draft_dtype, threads, context, k_max + 1)  # noqa: E731
-            costs(torch.get_num_threads())  # a missing entry fails here, before any decoding
-        except (FileNotFoundError, KeyError) as error:
-            if fallback_costs is None or profile_path is not None:
-                raise
-            logger.warning("%s; until then drafting assumes the costs %s", error, fallback_costs)
-            return cls(DraftCosts(**fallback_costs), **kwargs)
-        return cls(costs, **kwargs)

@@ -11,7 +11,7 @@ that changes what it returns; results are memoised by mask).
 Two kinds of cost can be minimised. "kl" (and "disagreement") measure distance at a fixed budget.
 "expected" (`ExpectedCost`) is what a mask costs VIA-SD: a slim pass per verify block plus a full
 pass for the blocks the slim tier cannot settle, both priced by a measured latency profile
-(`viasd_adapters.profile.CostModel`), with a penalty when the slim tier settles too many tokens wrongly.
+(`viasd_adapters.costs.CostModel`), with a penalty when the slim tier settles too many tokens wrongly.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from ..profile import CostModel
+from ..costs import CostModel
 from ..routing import HiddenState, RoutingMask, SlimModel
 from .calibration import CalibrationSet, as_tensors
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from hyperopt import hp
-from transformers import PreTrainedModel
 
 from ..routing import RoutingMask
 
@@ -25,7 +24,7 @@ class Budget:
     """How much of the target the slim verifier skips."""
 
     unit: str = "layers"  # "layers": exactly `amount` whole layers; "blocks": attention/MLP sub-blocks
-    amount: float = 4  # layers skipped; for "blocks", in layer-equivalents of cost (see attention_share)
+    amount: float = 4  # layers skipped; for "blocks", in layer-equivalents of cost (see costs.attention_share)
 
     def __post_init__(self) -> None:
         if self.unit not in UNITS:
@@ -37,14 +36,6 @@ class Budget:
 
     def describe(self) -> str:
         return f"{self.amount:g} layers" if self.unit == "layers" else f"{self.amount:g} layer-equivalents of sub-blocks"
-
-
-def attention_share(model: PreTrainedModel) -> float:
-    """Share of a decoder layer's weights in its attention sub-block (a proxy for its decode cost)."""
-    layer = model.get_decoder().layers[0]
-    attention = sum(p.numel() for p in layer.self_attn.parameters())
-    mlp = sum(p.numel() for p in layer.mlp.parameters())
-    return attention / (attention + mlp)
 
 
 class MaskSpace:

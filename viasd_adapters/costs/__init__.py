@@ -1,0 +1,50 @@
+"""What forwards cost on this device, and the choices made from it.
+
+* `timing`: the one timing loop (`time_forwards`; a mask's slim/full ratio, `measure_cost_ratio`);
+* `profile`: the latency profile, ms per measured forward, cached per machine (`LatencyProfile`);
+* `measure`: the grid of configurations a profile measures, and the measurement (`measure_profile`);
+* `model`: the cost model fitted to a profile, ms as a line in tokens fed and layers run (`CostModel`);
+* `choice`: the fastest configuration by the profile (`choose_configuration`);
+* `auto`: the decoding parts built from it (`ProfiledDrafter`, draft-length schedules);
+* `breakeven`: what a slim tier must cost or settle for VIA-SD to beat its host.
+"""
+
+from .auto import DRAFTER_QUANTIZATIONS, ProfiledDrafter, adaptive_draft_length, chosen_draft_variant, profiled_draft_length
+from .breakeven import settled_share_needed, slim_ratio_needed
+from .choice import Choice, choose_configuration
+from .measure import ProfileGrid, measure_pair, measure_profile, missing_points, usable_threads
+from .model import ROLES, CostModel, Line, attention_share, fit_line
+from .profile import FORMAT, LatencyEntry, LatencyProfile, default_profile_path, load_profile, profile_dir, split_variant
+from .timing import CostRatio, measure_cost_ratio, time_forwards
+
+__all__ = [
+    "DRAFTER_QUANTIZATIONS",
+    "FORMAT",
+    "ROLES",
+    "Choice",
+    "CostModel",
+    "CostRatio",
+    "LatencyEntry",
+    "LatencyProfile",
+    "Line",
+    "ProfileGrid",
+    "ProfiledDrafter",
+    "adaptive_draft_length",
+    "attention_share",
+    "choose_configuration",
+    "chosen_draft_variant",
+    "default_profile_path",
+    "fit_line",
+    "load_profile",
+    "measure_cost_ratio",
+    "measure_pair",
+    "measure_profile",
+    "missing_points",
+    "profile_dir",
+    "profiled_draft_length",
+    "settled_share_needed",
+    "slim_ratio_needed",
+    "split_variant",
+    "time_forwards",
+    "usable_threads",
+]

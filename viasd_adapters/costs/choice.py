@@ -1,0 +1,95 @@
+"""The automatic choice: the target dtype, draft dtype (or quantised variant), draft length K
+and thread count with the most expected tokens per second on this device, from its latency
+profile and an assumed per-token acceptance (Leviathan's S(a, K), `decode.schedule`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from ..decode.schedule import best_draft_length, expected_speedup
+from .profile import LatencyProfile
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The configuration with the highest expected speed, and what it was compared with."""
+
+    framework: str  # "sd" or "ar" (AR when no draft length beats it)
+    dtype: str  # the target's dtype
+    draft_dtype: str | None  # the drafter's dtype or quantised variant; None for AR
+    num_draft_tokens: int  # K (0 for AR)
+    expected_speedup: float  # over the fastest AR (any dtype) at the same threads
+    expected_tokens_per_second: float  # from the profile's costs and the assumed acceptance
+    ar_tokens_per_second: float  # the fastest AR (any dtype) at the same threads
+    threads: int  # torch threads the configuration runs with
+    acceptance: float  # the per-token acceptance a assumed
+    fastest_ar_dtype: str = ""  # the target dtype of that fastest AR
+
+    def describe(self) -> str:
+        if self.framework == "ar":
+            return f"greedy AR in {self.dtype} ({self.threads} thread{'s' if self.threads > 1 else ''}): no draft length beats it at a = {self.acceptance:.2f}"
+        return (
+            f"SD, target {self.dtype}, draft {self.draft_dtype}, K = {self.num_draft_tokens} at first"
+            f" (adapted to the observed acceptance), {self.threads} thread{'s' if self.threads > 1 else ''}: expected"
+            f" {self.expected_speedup:.2f}x the fastest AR at a = {self.acceptance:.2f}"
+        )
+
+
+def _options_at(profile: LatencyProfile, draft: str, target: str, acceptance: float, threads: int,
+                dtypes: list[str], draft_dtypes: list[str], k_max: int, context: int) -> list[Choice]:
+    """Every (target dtype, AR or SD with each draft dtype at its best K) the profile prices at `threads`."""
+    targets = [d for d in dtypes if profile.has(target, d, threads)]
+    drafts = [d for d in draft_dtypes if profile.has(draft, d, threads)]
+    if not targets:
+        return []
+    # Speedups are over the fastest AR at these threads, whatever its dtype: a configuration
+    # that only beats AR in a slow dtype is no gain.
+    ar_speeds = {d: 1000.0 / profile.ms(target, d, threads, 1, context) for d in targets}
+    fastest_dtype = max(ar_speeds, key=ar_speeds.get)
+    fastest_ar = ar_speeds[fastest_dtype]
+    options = []
+    for dtype, ar in ar_speeds.items():
+        options.append(Choice("ar", dtype, None, 0, ar / fastest_ar, ar, fastest_ar, threads, acceptance, fastest_dtype))
+        for draft_dtype in drafts:
+            costs = profile.draft_costs(draft, target, dtype, draft_dtype, threads, context, k_max + 1)
+            k = best_draft_length(acceptance, costs, k_max)
+            speed = expected_speedup(acceptance, k, costs) * ar
+            options.append(Choice("sd", dtype, draft_dtype, k, speed / fastest_ar, speed, fastest_ar, threads,
+                                  acceptance, fastest_dtype))
+    return options
+
+
+def choose_configuration(
+    profile: LatencyProfile,
+    draft: str,
+    target: str,
+    acceptance: float,
+    threads: int | Iterable[int],
+    dtypes: Iterable[str] = ("bfloat16", "float32"),
+    draft_dtypes: Iterable[str] | None = None,
+    k_max: int = 8,
+    context: int = 256,
+) -> Choice:
+    """The (threads, target dtype, draft dtype, K) with the most expected tokens per second.
+
+    Expected tokens/s = S(a, K) / (target step in ms) * 1000; AR (K = 0) competes too, so a
+    pair whose drafting cannot pay on this device decodes greedily. Given several thread
+    counts, the fastest wins (on a busy host one thread can beat two). Dtypes and thread counts
+    the profile lacks are skipped (an error when none is left). `draft_dtypes` may name
+    quantised variants ("bfloat16+int8-weight"); default: `dtypes`.
+    """
+    dtypes = list(dtypes)
+    draft_dtypes = list(draft_dtypes or dtypes)
+    best: Choice | None = None
+    for t in [threads] if isinstance(threads, int) else list(threads):
+        for option in _options_at(profile, draft, target, acceptance, t, dtypes, draft_dtypes, k_max, context):
+            # strictly faster only: on a tie the first option considered (AR before SD) stays
+            if best is None or option.expected_tokens_per_second > best.expected_tokens_per_second:
+                best = option
+    if best is None:
+        raise ValueError(
+            f"the profile lacks {target} at thread count(s) {threads} in the dtypes {dtypes}:"
+            " run viasd-profile for this pair and thread count"
+        )
+    return best

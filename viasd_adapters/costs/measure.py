@@ -1,0 +1,203 @@
+"""Measuring a latency profile: the grid of configurations, what a cached profile lacks of it,
+and the measurement itself (every point timed with `costs.timing.time_forwards`)."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from ..hardware import cpu_info, device_label
+from ..models import ModelSpec, load_model
+from ..models.quantize import QUANTIZATIONS, quantized_copy
+from ..routing import RoutingMask, SlimModel
+from .model import attention_share
+from .profile import LatencyEntry, LatencyProfile, split_variant
+from .timing import time_forwards
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ProfileGrid:
+    """What `measure_profile` measures (Hydra-instantiable: conf/profile.yaml).
+
+    Every model in every dtype, and the `variant_models` (drafters) also in each quantised
+    variant of `variants` ("<dtype>+<quantization>", what `ModelDrafter(quantize=...)` runs).
+    """
+
+    models: list[str]  # ModelSpec names
+    dtypes: list[str] = field(default_factory=lambda: ["bfloat16", "float32"])  # every model is measured in each
+    variants: list[str] = field(default_factory=list)  # e.g. ["bfloat16+int8-weight"]
+    variant_models: list[str] = field(default_factory=list)  # the models measured in `variants` too
+    threads: list[int] = field(default_factory=lambda: [1, 2])  # clipped to the cores there are
+    new_tokens: list[int] = field(default_factory=lambda: [1, 2, 4, 6, 8, 12])  # tokens fed per forward
+    contexts: list[int] = field(default_factory=lambda: [128, 512])  # tokens cached before each forward
+    prefill: list[int] = field(default_factory=list)  # prompt lengths also timed from an empty cache (context 0)
+    repeats: int = 3  # timed forwards per point (one more warms up)
+
+    def __post_init__(self) -> None:
+        if not self.models and not self.variant_models:
+            raise ValueError("name at least one model to profile (models=[...])")
+        if bool(self.variants) != bool(self.variant_models):
+            raise ValueError("variants and variant_models go together: name the quantised variants and the models"
+                             " measured in them, or neither")
+        for variant in self.variants:
+            quantization = split_variant(variant)[1]
+            if quantization not in QUANTIZATIONS:
+                raise ValueError(f"variant {variant!r} is not <dtype>+<quantization> with a quantization of"
+                                 f" {sorted(QUANTIZATIONS)}, e.g. bfloat16+int8-weight")
+        for name in ("dtypes", "threads", "new_tokens", "contexts"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} must not be empty")
+        if min(self.new_tokens + self.prefill) < 1 or min(self.threads) < 1 or min(self.contexts) < 0 or self.repeats < 1:
+            raise ValueError("new_tokens, prefill and threads must be >= 1, contexts >= 0, repeats >= 1")
+        self.models, self.dtypes = list(dict.fromkeys(self.models)), list(dict.fromkeys(self.dtypes))
+        self.variants, self.variant_models = list(dict.fromkeys(self.variants)), list(dict.fromkeys(self.variant_models))
+        self.threads = sorted({int(t) for t in self.threads})
+        self.new_tokens = sorted({int(n) for n in self.new_tokens})
+        self.contexts = sorted({int(c) for c in self.contexts})
+        self.prefill = sorted({int(n) for n in self.prefill})
+
+    def combinations(self) -> list[tuple[str, str]]:
+        """(model, dtype or variant) pairs, each loaded once."""
+        return ([(m, d) for m in self.models for d in self.dtypes]
+                + [(m, v) for m in self.variant_models for v in self.variants])
+
+    @property
+    def points(self) -> int:
+        return len(self.combinations()) * len(self.threads) * len(self.contexts)
+
+
+def usable_threads(threads: list[int], device: str = "cpu") -> list[int]:
+    """The thread counts of a grid this machine can run (no more than its cores); on an
+    accelerator only the first (CPU threads do not change its speed)."""
+    if torch.device(device).type != "cpu":
+        return threads[:1]
+    cores = cpu_info().logical_cores
+    return [t for t in threads if t <= cores] or [cores]
+
+
+def measure_profile(
+    grid: ProfileGrid,
+    device: str = "cpu",
+    load: Callable[[str, str, str], torch.nn.Module] | None = None,
+    progress: bool = True,
+    masks: dict[str, list[RoutingMask]] | None = None,
+) -> LatencyProfile:
+    """Measure every point of `grid`; `load(name, dtype, device)` returns a model (default: the
+    project's model zoo). Each model is loaded once per dtype (a variant: its load dtype, then
+    quantised as a drafter quantises it) and freed before the next.
+
+    `masks`: model name -> `RoutingMask`s whose slim views of it are timed beside it (plain
+    dtypes, decode-sized forwards), taking turns with the whole model: the cost model's layer
+    dimension."""
+    load = load or _load_from_zoo
+    masks = masks or {}
+    saved = torch.get_num_threads()
+    load_start = os.getloadavg()[0]
+    threads = usable_threads(grid.threads, device)
+    if threads != grid.threads:
+        logger.warning("profiling threads %s of %s: this machine has %d cores", threads, grid.threads, cpu_info().logical_cores)
+    entries, layers = [], {}
+    # (context, counts, whether slim views are timed too): prefill is priced on the whole model only
+    shapes = [(c, grid.new_tokens, True) for c in grid.contexts] + ([(0, grid.prefill, False)] if grid.prefill else [])
+    bar = tqdm(total=len(grid.combinations()) * len(threads) * len(shapes),
+               desc="latency profile", unit="point", disable=not progress)
+    try:
+        for name, dtype in grid.combinations():
+            load_dtype, quantization = split_variant(dtype)
+            model = load(name, load_dtype, device)
+            _check_window(model, name, grid)
+            layers[name] = int(model.config.num_hidden_layers)
+            if quantization:
+                model = quantized_copy(model, quantization)
+            views = {None: model} if quantization else {None: model, **_slim_views(model, masks.get(name, ()))}
+            for t in threads:
+                torch.set_num_threads(t)
+                for context, counts, slim in shapes:
+                    bar.set_postfix_str(f"{name} {dtype} {t}t ctx {context}")
+                    for key, row in time_forwards(views if slim else {None: model}, context, counts, grid.repeats).items():
+                        entries += [LatencyEntry(name, dtype, t, context, n, statistics.median(ms), min(ms), len(ms), key)
+                                    for n, ms in row.items()]
+                    bar.update()
+            del model, views
+    finally:
+        torch.set_num_threads(saved)
+        bar.close()
+    return LatencyProfile(
+        device=str(device),
+        hardware=device_label(device),
+        cpu=cpu_info().to_dict(),
+        torch_version=torch.__version__,
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        entries=entries,
+        loadavg_1m=[load_start, os.getloadavg()[0]],
+        model_layers=layers,
+    )
+
+
+def _check_window(model: torch.nn.Module, name: str, grid: ProfileGrid) -> None:
+    window = int(model.config.max_position_embeddings)
+    longest = max(max(grid.contexts) + max(grid.new_tokens), max(grid.prefill, default=0))
+    if longest > window:
+        raise ValueError(f"the grid's longest forward ({longest} tokens: contexts + new_tokens, or prefill) does not"
+                         f" fit {name}'s window of {window} tokens")
+
+
+def _slim_views(model: torch.nn.Module, masks) -> dict[float, torch.nn.Module]:
+    """{layers run: slim view} of `model` per mask (masks of equal depth price alike: one is timed)."""
+    if not masks:
+        return {}
+    L, share = int(model.config.num_hidden_layers), attention_share(model)
+    return {float(L - mask.skipped_cost(share)): SlimModel(model, mask) for mask in masks}
+
+
+def measure_pair(pair, masks: list[RoutingMask], contexts: list[int], new_tokens: list[int], prefill: list[int],
+                 repeats: int, quantizations: list[str] = (), progress: bool = False) -> LatencyProfile:
+    """The profile a cost model needs of a loaded pair (`pipeline.ModelPair`), at this process's
+    torch threads: the target whole and as the slim view of each mask, the draft in its dtype and
+    in each of `quantizations` (the variants its drafter may run, e.g. "int8-weight")."""
+    loaded = {m.spec.name: m for m in (pair.target, pair.draft) if m is not None}
+    profile = None
+    for name, m in loaded.items():
+        is_draft = pair.draft is not None and name == pair.draft.spec.name
+        variants = [f"{m.spec.dtype}+{q}" for q in quantizations] if is_draft else []
+        grid = ProfileGrid(models=[name], dtypes=[m.spec.dtype], variants=variants,
+                           variant_models=[name] if variants else [], threads=[torch.get_num_threads()],
+                           new_tokens=new_tokens, contexts=contexts, prefill=prefill, repeats=repeats)
+        fresh = measure_profile(grid, m.spec.device, lambda *_, model=m.model: model, progress,
+                                {name: masks} if name == pair.target.spec.name else None)
+        profile = fresh if profile is None else profile.merge(fresh)
+    return profile
+
+
+def _load_from_zoo(name: str, dtype: str, device: str) -> torch.nn.Module:
+    return load_model(ModelSpec(name=name, dtype=dtype, device=device)).model
+
+
+def missing_points(profile: LatencyProfile | None, grid: ProfileGrid, device: str = "cpu") -> ProfileGrid | None:
+    """The part of `grid` (whole models x dtypes) `profile` lacks at the thread counts this
+    machine can run; None if nothing."""
+    if profile is None:
+        return grid
+    threads = usable_threads(grid.threads, device)
+    need = [(m, d) for m, d in grid.combinations() if not all(profile.has(m, d, t) for t in threads)]
+    if not need:
+        return None
+    plain = [(m, d) for m, d in need if d in grid.dtypes]
+    variants = [(m, d) for m, d in need if d not in grid.dtypes]
+    return ProfileGrid(
+        models=sorted({m for m, _ in plain}, key=grid.models.index),
+        dtypes=sorted({d for _, d in plain}, key=grid.dtypes.index) or grid.dtypes,
+        variants=sorted({d for _, d in variants}, key=grid.variants.index),
+        variant_models=sorted({m for m, _ in variants}, key=grid.variant_models.index),
+        threads=grid.threads, new_tokens=grid.new_tokens, contexts=grid.contexts, prefill=grid.prefill,
+        repeats=grid.repeats,
+    )
