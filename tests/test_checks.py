@@ -144,8 +144,8 @@ def test_the_refused_framework_verifier_pairs_are_exactly_these(placeholder_prof
     assert set(refused) == no_verifier | {("eagle", "tiered-intermediate"), ("eagle", "faster-cascade")}
     assert refused["eagle", "faster-cascade"] == (
         "framework=eagle (EAGLE) runs verifier=full (stock EAGLE) or verifier=tiered (VIA-SD on a routed view of"
-        " the target's own layers), not verifier=faster-cascade: pick one of those, or framework=sd, lookup or"
-        " pearl for verifier=faster-cascade")
+        " the target's own layers), not verifier=faster-cascade: pick one of those, or framework=sd or"
+        " framework=pearl for verifier=faster-cascade")
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -28,23 +28,23 @@ from typing import Any
 
 import torch
 import yaml
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
-from .compat import HOSTS, check, host_for
+from .compat import check
 from .configs import ROUTING_FORMS, named_config
 from .decode import Decoder, DecodeStats
-from .draft import CascadeDrafter, Drafter, ModelDrafter, PromptLookupDrafter
+from .draft import Drafter, ModelDrafter, PromptLookupDrafter
+from .hosts.registry import HOSTS, HostRegistry, HostSpec
 from .models import LoadedModel
-from .pipeline import assemble, encode_text
+from .pipeline import encode_text
 from .routing import RoutingMask, SlimModel
 from .sampling import SamplingConfig
 from .verify import ConfidencePolicy, LosslessVerifier, SpeculativeCascadeVerifier, TieredVerifier, TierPolicy
 
 logger = logging.getLogger(__name__)
 
-FRAMEWORKS = tuple(k for k, h in HOSTS.items() if "drafter" in h.parts)  # hosts of model / lookup drafters
 LOOKUP = ("lookup", "prompt-lookup", "prompt_lookup")  # draft= names of prompt-lookup drafting
 _DEFAULT = object()  # `policy` not given: the default thresholds when a routing mask is given
 
@@ -153,21 +153,20 @@ def _check_options(cls, options: dict, what: str) -> None:
 
 
 # ----------------------------------------------------------------------------- naming
-def describe(decoder: Decoder) -> str:
+def describe(decoder: Decoder, hosts: HostRegistry = HOSTS) -> str:
     """The method a decoder runs, as a reader names it: "SD", "VIA-SD on PEARL", "EAGLE", ...
 
-    From the host loop (its drafter for SD) and the verifier: VIA-SD when a tiered verifier has a
-    tier policy, "Faster Cascades" for a speculative-cascade verifier.
+    From the host's registry entry (its `label` of the decoder, else its name) and the verifier:
+    VIA-SD when a tiered verifier has a tier policy, "Faster Cascades" for a speculative-cascade
+    verifier.
     """
     try:
-        key = host_for(type(decoder))
+        spec = hosts.for_decoder(type(decoder))
     except ValueError:
         return type(decoder).__name__
-    host = HOSTS[key].name
-    if "verifier" not in HOSTS[key].parts:
+    host = spec.label(decoder) if spec.label is not None else spec.name
+    if "verifier" not in spec.parts:
         return host
-    if key == "sd":
-        host = {PromptLookupDrafter: "prompt-lookup SD", CascadeDrafter: "Cascade SD"}.get(type(decoder.drafter), "SD")
     verifier = decoder.verifier
     if isinstance(verifier, TieredVerifier) and verifier.policy is not None:
         middle = getattr(verifier.slim, "model", None)
@@ -256,7 +255,7 @@ class SpeculativeGenerator:
     """
 
     def __init__(self, decoder: Decoder, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None,
-                 stop_token_ids: Sequence[int] | None = None):
+                 stop_token_ids: Sequence[int] | None = None, hosts: HostRegistry = HOSTS):
         """
         Args:
             decoder: the decoding loop (any `Decoder`).
@@ -264,8 +263,13 @@ class SpeculativeGenerator:
             tokenizer: the target's tokenizer (for `generate_text`; default: the target folder's).
             stop_token_ids: the default stop tokens; None: the generation config's eos ids (all of
                 them), else the tokenizer's eos.
+            hosts: the host registry that knows the decoder (what it can do, how it is named).
         """
         self.decoder = decoder
+        try:
+            self.host: HostSpec | None = hosts.for_decoder(type(decoder))
+        except ValueError:
+            self.host = None  # a decoder of no registered host: nothing known to refuse
         self.target = target
         self.tokenizer = tokenizer
         if stop_token_ids is None:
@@ -275,7 +279,7 @@ class SpeculativeGenerator:
             if not stop_token_ids:
                 logger.warning("the target's generation_config names no eos_token_id: generations run to max_new_tokens")
         self.stop_token_ids = tuple(stop_token_ids)
-        self.method = describe(decoder)
+        self.method = describe(decoder, hosts)
 
     def __repr__(self) -> str:
         return f"SpeculativeGenerator({self.method}, target={type(self.target).__name__})"
@@ -369,6 +373,8 @@ class SpeculativeGenerator:
             max_new_tokens = config.max_length - ids.shape[1]
         if max_new_tokens < 1:
             raise ValueError(f"nothing to generate (max_new_tokens {max_new_tokens}): pass max_new_tokens=N")
+        if self.host is not None:
+            self.host.check_capabilities(sampled=not sampling.greedy, streamed=streamer is not None)
         result = self.decoder.generate(ids, max_new_tokens, sampling, eos_ids(config.eos_token_id), streamer)
         new = torch.tensor(result.tokens, dtype=torch.long, device=ids.device)
         return GenerateOutput(torch.cat([ids, new[None]], dim=1), result.tokens, result.stats, self.method)
@@ -393,6 +399,7 @@ def build(
     max_unverified: int = 16,
     rejudge: bool = True,
     share_prefix: bool = False,
+    hosts: HostRegistry = HOSTS,
     **options,
 ) -> SpeculativeGenerator:
     """A ready `SpeculativeGenerator` from a transformers target and a draft, checked before any work.
@@ -409,8 +416,10 @@ def build(
             given. None: tiers off (lossless SD, token for token).
         tokenizer / draft_tokenizer: the models' tokenizers (compared when both are given;
             `tokenizer` is needed by `generate_text`).
-        framework: the host loop for model and lookup drafters: "sd" or "pearl".
+        framework: the host loop, a key of `hosts`: "sd" or "pearl" for model and lookup drafters
+            (an `EagleHead` runs "eagle"; no draft runs "ar"), or a host that drafts for itself.
         max_unverified, rejudge, share_prefix: `TieredVerifier`'s options (see its docstring).
+        hosts: the host registry (`viasd_adapters.hosts.registry.HOSTS`, or one `with_host` extended).
         options: the host loop's own: `num_draft_tokens` (SD); `window_size`, `backend`, ...
             (`PearlDecoder`); `tree` (EAGLE).
     """
@@ -424,44 +433,47 @@ def build(
         raise TypeError(f"target must be a transformers PreTrainedModel, got {type(target).__name__}")
     if isinstance(draft, (str, Path)) and str(draft) not in LOOKUP:
         draft = EagleHead(draft)
-    host = _host(draft, framework)
+    host = _host(draft, framework, hosts)
     mask = routing_mask(routing)
     tiers = tier_policy(ConfidencePolicy() if policy is _DEFAULT and mask is not None else
                         (None if policy is _DEFAULT else policy))
     if tiers is not None and mask is None:
         raise ValueError("a tier policy needs the slim verifier's routing mask: pass routing= (a mask, its YAML or a"
                          " name; RoutingMask.none() makes the slim verifier the target itself)")
-    check(host, "full" if tiers is None else "tiered", {"share_prefix": share_prefix})  # before EAGLE's head loads
+    check(host, "full" if tiers is None else "tiered", {"share_prefix": share_prefix}, hosts=hosts)  # before EAGLE's head loads
     if mask is not None:
         mask = check_mask(mask, target)
         if tiers is not None:
             SlimModel(target, mask)  # refuses an architecture or a sub-block mask the slim view cannot run
     if max_unverified < 0:
         raise ValueError(f"max_unverified must be >= 0, got {max_unverified}")
-    parts = HOSTS[host].parts
-    _check_options(get_class(HOSTS[host].decoder), options, HOSTS[host].name)
+    _check_options(host.decoder_class(), options, host.name)
 
     drafter = verifier = None
     if isinstance(draft, EagleHead):  # the head's files are the decoder's own settings
         options = {**options, "head": draft.path, "tokenizer_path": draft.tokenizer_path}
-    elif "drafter" in parts:
+    elif "drafter" in host.parts:
         drafter = _drafter(draft, target, tokenizer, draft_tokenizer)
-    if "verifier" in parts:
+    if "verifier" in host.parts:
         verifier = LosslessVerifier(target) if tiers is None else TieredVerifier(
             target, slim=lambda t: SlimModel(t, mask), policy=tiers, max_unverified=max_unverified,
             rejudge=rejudge, share_prefix=share_prefix)
-    return SpeculativeGenerator(assemble(host, target, drafter, verifier, **options), target, tokenizer)
+    return SpeculativeGenerator(host.build(target, drafter, verifier, **options), target, tokenizer, hosts=hosts)
 
 
-def _host(draft, framework: str) -> str:
-    """The `compat.HOSTS` key `build` runs: EAGLE for a head, AR without a draft, else `framework`."""
-    if framework not in FRAMEWORKS:
-        raise ValueError(f"framework {framework!r} is not one of {FRAMEWORKS} (an EagleHead draft runs EAGLE's loop)")
+def _host(draft, framework: str, hosts: HostRegistry) -> HostSpec:
+    """The host `build` runs: EAGLE for a head, AR for a drafting host without a draft, else `framework`'s."""
+    spec = hosts.host(framework)
     if isinstance(draft, EagleHead):
         if framework != "sd":
             raise ValueError(f"an EAGLE head runs EAGLE's own loop: drop framework={framework!r}")
-        return "eagle"
-    return "ar" if draft is None else framework
+        return hosts.host("eagle")
+    if draft is None and "drafter" in spec.parts:
+        return hosts.host("ar")
+    if draft is not None and "drafter" not in spec.parts:
+        raise ValueError(f"framework={framework!r} ({spec.name}) drafts for itself or not at all: drop draft=,"
+                         " or pick a framework that drafts with one")
+    return spec
 
 
 def _drafter(draft, target: PreTrainedModel, tokenizer, draft_tokenizer) -> Drafter:

@@ -22,11 +22,13 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from . import compat
+from .hosts.registry import HOSTS, HostRegistry, HostSpec
 from .models.spec import QUANTIZED_PRECISIONS, check_precision
 from .pipeline import PAIR_MODELS
 
 
-def check_config(cfg: DictConfig, overrides: Iterable[str] | None = None, identity_slim_ok: bool = False) -> None:
+def check_config(cfg: DictConfig, overrides: Iterable[str] | None = None, identity_slim_ok: bool = False,
+                 hosts: HostRegistry = HOSTS) -> None:
     """Raise `ValueError` for the first bad setting of a composed entry-point config.
 
     Args:
@@ -35,6 +37,7 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] | None = None, identi
         overrides: the command-line overrides (None: Hydra's, when a `@hydra.main` runs).
         identity_slim_ok: allow a tiered verifier whose mask skips nothing (u = q), which
             calibration tests use on purpose; decoding commands refuse it.
+        hosts: the host registry the framework configs' decoders are looked up in.
     """
     overrides = _overrides(cfg) if overrides is None else list(overrides)
     if "max_new_tokens" in cfg:
@@ -70,11 +73,13 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] | None = None, identi
         from .configs import CONFIG_DIR
 
         masks = shipped_masks(cfg.model_pair.target.name, Path(CONFIG_DIR), cfg.model_pair.get("name"))
+    needs = {"sampled": "sampling" in cfg and float(cfg.sampling.get("temperature") or 0.0) > 0,
+             "int8": "runtime" in cfg and cfg.runtime.get("dtype") in QUANTIZED_PRECISIONS}
     for name, framework, verifier in components:
-        check_components(name, framework, verifier, identity_slim_ok, masks)
+        check_components(name, framework, verifier, identity_slim_ok, masks, hosts, **needs)
     if components:
-        _check_group_is_used("policy", overrides, components)
-        _check_group_is_used("routing", overrides, components)
+        _check_group_is_used("policy", overrides, components, hosts)
+        _check_group_is_used("routing", overrides, components, hosts)
 
 
 def check_positive_int(name: str, value, minimum: int = 1) -> None:
@@ -99,16 +104,20 @@ def check_runtime(runtime: DictConfig) -> None:
 
 
 def check_components(name: str, framework: DictConfig, verifier: DictConfig | None, identity_slim_ok: bool = False,
-                     masks: list[str] = ()) -> None:
-    """One decoding method: its framework and verifier configs make a pair the compatibility
-    table (`compat.HOSTS`) allows and each `_target_` node takes the settings it is given."""
+                     masks: list[str] = (), hosts: HostRegistry = HOSTS, sampled: bool = False,
+                     int8: bool = False) -> None:
+    """One decoding method: its framework and verifier configs make a pair its host's registry
+    entry allows, the host can do what the run asks (`sampled`, an `int8` target), and each
+    `_target_` node takes the settings it is given."""
     where = f"{name}: " if name else ""
-    host = _host(framework, where)
-    uses_verifier = "verifier" in compat.HOSTS[host].parts
+    host = _host(framework, where, hosts)
+    said = f"{where}framework={framework.get('name')}"
+    host.check_capabilities(sampled=sampled, int8=int8, said=f"{said} ({host.name})")
+    uses_verifier = "verifier" in host.parts
     if verifier is not None:
         routed = verifier.get("slim") not in PAIR_MODELS  # not an independent model of the pair
-        kind = compat.verifier_kind(_class(verifier, f"{where}verifier"), routed)
-        compat.check(host, kind, verifier, f"{where}framework={framework.get('name')}")
+        cls = _class(verifier, f"{where}verifier")
+        compat.check(host, compat.verifier_kind(cls, routed), verifier, said, verifier=cls, hosts=hosts)
     _check_node(framework.decoder, f"{where}framework.decoder")
     if framework.get("drafter") is not None:
         _check_node(framework.drafter, f"{where}framework.drafter", modelless_ok=True)
@@ -128,13 +137,13 @@ def check_components(name: str, framework: DictConfig, verifier: DictConfig | No
             )
 
 
-def _host(framework: DictConfig, where: str) -> str:
-    """The framework's host (`compat.HOSTS`); it configures a drafter exactly when its host drafts with one."""
-    host = compat.host_for(_class(framework.decoder, f"{where}framework.decoder"))
-    drafts = "drafter" in compat.HOSTS[host].parts
+def _host(framework: DictConfig, where: str, hosts: HostRegistry) -> HostSpec:
+    """The framework's host (its `hosts` entry); it configures a drafter exactly when its host drafts with one."""
+    host = hosts.for_decoder(_class(framework.decoder, f"{where}framework.decoder"))
+    drafts = "drafter" in host.parts
     if drafts != (framework.get("drafter") is not None):
         raise ValueError(
-            f"{where}framework={framework.get('name')} ({compat.HOSTS[host].name}) "
+            f"{where}framework={framework.get('name')} ({host.name}) "
             + ("drafts with framework.drafter, which is null: give one, e.g."
                " framework.drafter={_target_: viasd_adapters.draft.PromptLookupDrafter}" if drafts else
                "drafts for itself: set framework.drafter=null")
@@ -265,13 +274,13 @@ def _overridden(group: str, overrides: Iterable[str]) -> list[str]:
     return keys
 
 
-def _check_group_is_used(group: str, overrides: list[str], components) -> None:
+def _check_group_is_used(group: str, overrides: list[str], components, hosts: HostRegistry) -> None:
     """An override of the `policy` or `routing` group that no decoder reads is a mistake."""
     given = _overridden(group, overrides)
     if not given:
         return
     for _, framework, verifier in components:
-        takes_verifier = verifier is not None and "verifier" in compat.HOSTS[_host(framework, "")].parts
+        takes_verifier = verifier is not None and "verifier" in _host(framework, "", hosts).parts
         nodes = [framework.decoder] + ([verifier] if takes_verifier else [])
         for node in nodes:
             raw = OmegaConf.to_container(node, resolve=False)

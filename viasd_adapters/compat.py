@@ -1,64 +1,26 @@
-"""Which host loop runs which verifier, and what its decoder is built with: the one table.
+"""Which host loop runs which verifier: the checks on the host registry's entries.
 
 Both entry points consult it before any model loads (`checks.check_components` for the Hydra
-commands, `api.build` for Python), and `pipeline.assemble` wires every decoder by it. A host is
-known by its decoder class; a verifier by its kind, as the `verifier` config group names the
-shipped ones: full, tiered, tiered-intermediate, faster-cascade (any other `Verifier` class is
-its own kind, its qualified class name).
+commands, `api.build` for Python). The hosts themselves are the registry's
+(`viasd_adapters.hosts.registry.HOSTS`, re-exported here). A host is known by its decoder class;
+a verifier by its kind, as the `verifier` config group names the shipped ones: full, tiered,
+tiered-intermediate, faster-cascade (any other `Verifier` class is its own kind, its qualified
+class name).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
+from .hosts.registry import HOSTS, HostRegistry, HostSpec
 from .routing import SlimModel
 from .verify import LosslessVerifier, SpeculativeCascadeVerifier, TieredVerifier, Verifier
 
 
-@dataclass(frozen=True)
-class Host:
-    """One host loop: the parts its decoder is built with and the verifiers it runs."""
-
-    name: str  # the loop as `api.describe` names it
-    decoder: str  # its decoder class, as a framework config's `framework.decoder._target_` writes it
-    parts: tuple[str, ...]  # keyword arguments the decoder gets from the pair: "target", "drafter", "verifier"
-    verifiers: tuple[str, ...] | None = None  # verifier kinds it runs; None: any verifier
-    fixed: Mapping[str, Any] = field(default_factory=dict)  # verifier settings it cannot honour, with the one value it takes
-    runs: str = ""  # the verifiers it runs, as a refusal says them
-
-
-HOSTS: dict[str, Host] = {
-    # AR verifies nothing: the `verifier` group's default (full) is left unused, anything else refused
-    "ar": Host("AR", "viasd_adapters.decode.AutoregressiveDecoder", ("target",), verifiers=("full",)),
-    "sd": Host("SD", "viasd_adapters.decode.SpeculativeDecoder", ("drafter", "verifier")),
-    "pearl": Host("PEARL", "viasd_adapters.hosts.pearl.PearlDecoder", ("drafter", "verifier")),
-    # EAGLE drafts with its own head; its tree goes to the verifier (`verify_tree`), whose slim pass is
-    # a routed view of the target. eagle-llm's own forward is the full model's judge, so no layers
-    # are shared with it (share_prefix), and its head hands out no draft distributions a gate could read.
-    "eagle": Host(
-        "EAGLE", "viasd_adapters.hosts.eagle.EagleDecoder", ("target", "verifier"), verifiers=("full", "tiered"),
-        fixed={"share_prefix": False, "gate": None},
-        runs="verifier=full (stock EAGLE) or verifier=tiered (VIA-SD on a routed view of the target's own layers)"),
-    # A speed anchor, not a host: llama.cpp decodes the target's GGUF itself
-    "llama-cpp": Host("llama.cpp", "viasd_adapters.bench.llama_cpp.LlamaCppDecoder", ("target",), verifiers=("full",)),
-}
-
-
-def host_for(cls: type) -> str:
-    """The key of the host whose decoder `cls` is (ValueError for a decoder the table lacks)."""
-    for key, host in HOSTS.items():
-        module, _, name = host.decoder.rpartition(".")
-        # a host's module is imported whenever its decoder class is (hosts.eagle needs eagle-llm)
-        known = getattr(sys.modules.get(module), name, None)
-        if known is not None and issubclass(cls, known):
-            return key
-    raise ValueError(
-        f"{cls.__module__}.{cls.__qualname__} is no host decoder of viasd_adapters.compat.HOSTS"
-        f" ({', '.join(h.decoder for h in HOSTS.values())}): add a row for it there"
-    )
+def host_for(cls: type, hosts: HostRegistry = HOSTS) -> str:
+    """The key of the host whose decoder `cls` is (ValueError for a decoder the registry lacks)."""
+    return hosts.for_decoder(cls).key
 
 
 def verifier_kind(cls: type, routed: bool = True) -> str:
@@ -82,20 +44,24 @@ def built_kind(verifier: Verifier) -> tuple[str, dict[str, Any]]:
     return verifier_kind(TieredVerifier, routed), {"share_prefix": verifier.shared is not None, "gate": verifier.gate}
 
 
-def check(host: str, kind: str, settings: Mapping[str, Any] | None = None, framework: str | None = None) -> None:
+def check(host: str | HostSpec, kind: str, settings: Mapping[str, Any] | None = None, framework: str | None = None,
+          verifier: type | None = None, hosts: HostRegistry = HOSTS) -> None:
     """Raise ValueError, naming the fix, unless `host` runs a verifier of `kind` with `settings`.
 
     Args:
-        host: a key of `HOSTS`.
+        host: a registry entry, or its key in `hosts`.
         kind: the verifier's kind (`verifier_kind`).
         settings: the verifier's settings (its config node, or `build`'s arguments).
         framework: how the Hydra commands named the framework, e.g. "framework=eagle" (fixes
             are spelled as overrides); None: the Python API (fixes are `build`'s arguments).
+        verifier: the verifier's class, when known: a tree host needs one that implements
+            `verify_tree`.
+        hosts: the registry `host` is a key of.
     """
-    row = HOSTS[host]
+    row = hosts.host(host) if isinstance(host, str) else host
     said = f"{framework} ({row.name})" if framework else row.name
     if "verifier" not in row.parts:
-        if kind in row.verifiers:
+        if kind in (row.verifiers or ()):
             return  # the unused default
         if framework is None:
             raise ValueError(f"{said} (no draft) takes no verifier, so VIA-SD's tiers would be ignored: pass a"
@@ -104,12 +70,21 @@ def check(host: str, kind: str, settings: Mapping[str, Any] | None = None, frame
                          f" verifier={kind} for VIA-SD on draft-model SD (or framework=lookup / pearl),"
                          " or drop the verifier override")
     if row.verifiers is not None and kind not in row.verifiers:
-        raise ValueError(f"{said} runs {row.runs}, not verifier={kind}: pick one of those, or framework=sd,"
-                         f" lookup or pearl for verifier={kind}")
+        others = " or ".join(f"framework={key}" for key in hosts.any_verifier())
+        raise ValueError(f"{said} runs {row.runs}, not verifier={kind}: pick one of those, or {others}"
+                         f" for verifier={kind}")
+    if row.trees and verifier is not None and not implements_trees(verifier):
+        raise ValueError(f"{said} drafts trees, and {verifier.__qualname__} does not implement verify_tree:"
+                         " pick a verifier that does (full or tiered)")
     for key, only in row.fixed.items():
         if (settings or {}).get(key, only) != only:
             fix = f"set verifier.{key}={_override(only)}" if framework else f"pass {key}={only!r}"
             raise ValueError(f"{said} does not honour the verifier's {key}: {fix}")
+
+
+def implements_trees(cls: type) -> bool:
+    """Whether a verifier class overrides `Verifier.verify_tree` (a tree host's judge needs it)."""
+    return getattr(cls, "verify_tree", None) is not getattr(Verifier, "verify_tree", None)
 
 
 def _override(value: Any) -> str:

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
-from .compat import HOSTS, host_for
+from .hosts.registry import HOSTS, HostRegistry
 from .decode import Decoder, GenerationResult
 from .draft import Drafter
 from .models import LoadedModel, load_model
@@ -69,34 +69,29 @@ def _with_models(node: DictConfig, pair: ModelPair) -> dict:
     return models
 
 
-def build_decoder(framework: DictConfig, verifier: DictConfig, pair: ModelPair) -> Decoder:
-    """Build `framework` around the loaded pair, with the parts its host takes (`compat.HOSTS`).
+def build_decoder(framework: DictConfig, verifier: DictConfig, pair: ModelPair, hosts: HostRegistry = HOSTS) -> Decoder:
+    """Build `framework` around the loaded pair, with the parts its host takes (its `hosts` entry).
 
     The drafter and the verifier (with `target=` the pair's target) are built from their configs,
     in which "pair.draft" / "pair.target" stand for the loaded models.
     """
-    host = host_for(get_class(framework.decoder._target_))
-    parts = HOSTS[host].parts
-    drafter = instantiate(framework.drafter, **_with_models(framework.drafter, pair)) if "drafter" in parts else None
+    host = hosts.for_decoder(get_class(framework.decoder._target_))
+    drafter = (instantiate(framework.drafter, **_with_models(framework.drafter, pair))
+               if "drafter" in host.parts else None)
     built = (instantiate(verifier, target=pair.target.model, **_with_models(verifier, pair))
-             if "verifier" in parts else None)
-    return assemble(host, pair.target.model, drafter, built, decoder=framework.decoder)
+             if "verifier" in host.parts else None)
+    return host.build(pair.target.model, drafter, built, decoder=framework.decoder)
 
 
 def assemble(host: str, target: PreTrainedModel, drafter: Drafter | None = None, verifier: Verifier | None = None,
-             decoder: DictConfig | None = None, **options) -> Decoder:
-    """The decoder of `host` (a key of `compat.HOSTS`): what `build_decoder` and `api.build` both end in.
+             decoder: DictConfig | None = None, hosts: HostRegistry = HOSTS, **options) -> Decoder:
+    """The decoder of the host registered as `host` in `hosts` (`HostSpec.build`).
 
-    Of `target`, `drafter` and `verifier` it passes the parts the host's row lists. `decoder`: the
+    Of `target`, `drafter` and `verifier` it passes the parts the host's entry lists. `decoder`: the
     framework config's decoder node (Hydra builds its nested nodes); None: the host's decoder class
     called with `options` (the Python API's, which may be objects no config can hold).
     """
-    given = {"target": target, "drafter": drafter, "verifier": verifier}
-    parts = {name: given[name] for name in HOSTS[host].parts}
-    assert all(part is not None for part in parts.values()), f"{host} is built with {sorted(parts)}"
-    if decoder is not None:
-        return instantiate(decoder, **parts)
-    return get_class(HOSTS[host].decoder)(**parts, **options)
+    return hosts.host(host).build(target, drafter, verifier, decoder, **options)
 
 
 def encode_prompt(target: LoadedModel, prompt: str, chat_template: bool = True) -> torch.Tensor:
@@ -126,10 +121,10 @@ class Pipeline:
     chat_template: bool  # wrap prompts in the target's chat template when it has one
 
     @classmethod
-    def from_config(cls, cfg: DictConfig) -> Pipeline:
+    def from_config(cls, cfg: DictConfig, hosts: HostRegistry = HOSTS) -> Pipeline:
         with_draft = uses_draft_model(cfg.framework.drafter, cfg.verifier)
         pair = load_pair(cfg.model_pair, with_draft)
-        return cls(build_decoder(cfg.framework, cfg.verifier, pair), pair, cfg.chat_template)
+        return cls(build_decoder(cfg.framework, cfg.verifier, pair, hosts), pair, cfg.chat_template)
 
     def encode(self, prompt: str) -> torch.Tensor:
         return encode_prompt(self.pair.target, prompt, self.chat_template)

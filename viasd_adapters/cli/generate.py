@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from ..api import describe
 from ..checks import check_config
 from ..decode import GenerationResult
+from ..hosts.registry import HOSTS, HostRegistry
 from ..pipeline import Pipeline
 from ..progress import TokenProgress
 from . import apply_routing_file, entry_point, set_threads
@@ -57,14 +58,15 @@ def read_prompt(cfg: DictConfig) -> str:
     return text.rstrip("\n")
 
 
-def run(cfg: DictConfig) -> GenerateOutcome:
-    check_config(cfg)
+def run(cfg: DictConfig, hosts: HostRegistry = HOSTS) -> GenerateOutcome:
+    """Decode the configured prompt; `hosts`: the host registry the framework's decoder is found in."""
+    check_config(cfg, hosts=hosts)
     set_threads(cfg.get("threads"))
     prompt = read_prompt(cfg)  # before loading: a missing file fails fast
     apply_routing_file(cfg)
     sampling = instantiate(cfg.sampling)
-    pipeline = Pipeline.from_config(cfg)
-    method = describe(pipeline.decoder)
+    pipeline = Pipeline.from_config(cfg, hosts)
+    method = describe(pipeline.decoder, hosts)
     ids = pipeline.encode(prompt)
     progress = TokenProgress(cfg.max_new_tokens, enabled=bool(cfg.progress), desc=method)
     result = pipeline.generate(ids, cfg.max_new_tokens, sampling, streamer=progress)

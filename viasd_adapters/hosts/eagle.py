@@ -431,7 +431,7 @@ class EagleDecoder(Decoder):
         if ea_model is None and (target is None or head is None):
             raise ValueError("EagleDecoder needs ea_model=, or target= and head= (an EAGLE head folder)")
         if verifier is not None:  # before the head loads
-            check("eagle", *built_kind(verifier), framework="framework=eagle")
+            check("eagle", *built_kind(verifier), framework="framework=eagle", verifier=type(verifier))
             if isinstance(verifier, TieredVerifier) and target is not None and verifier.target.model is not target:
                 raise ValueError("the tiered verifier was built for another target than EAGLE's (its slim view)")
         self.tree = _tree_from_name(tree)
