@@ -37,7 +37,10 @@ def run(cfg: DictConfig):
         from ..bench.tasks import read_prompts_file
 
         read_prompts_file(cfg.training.split.spec_bench, "training.split.spec_bench")
-    loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))
+    spec = instantiate(cfg.model_pair.target, _convert_="all")
+    # Training runs whole-sequence forwards and generate(): a compiled decode step would only cost its compile time.
+    spec.compile = False
+    loaded = load_model(spec)
     training = instantiate(cfg.training, _convert_="all")
     result = train_eagle_head(loaded, training, cfg.out_dir, progress=cfg.progress, resume=cfg.resume,
                               stop_after=cfg.get("stop_after"))

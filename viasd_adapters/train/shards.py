@@ -289,7 +289,7 @@ def extract_features(model, plan: dict, cfg: CorpusConfig, folder: Path, fingerp
     bar = tqdm(total=total, desc="features", unit="tok", unit_scale=True, disable=not progress, mininterval=10)
     done_tokens, begin = 0, time.perf_counter()
     for split, k, rows in missing:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         features, layers = [], []
         with attention_implementation(model, cfg.heldout_attention if split == "heldout" else cfg.feature_attention):
             for s in rows:
@@ -300,20 +300,24 @@ def extract_features(model, plan: dict, cfg: CorpusConfig, folder: Path, fingerp
         shard = _pack(rows, features, layers, split, k)
         name = shard_name(split, k)
         atomic_save(shard, folder / name)
-        manifest["shards"][name] = _shard_entry(shard, time.perf_counter() - started)
+        manifest["shards"][name] = _shard_entry(shard, time.perf_counter() - started, time.process_time() - cpu)
         _atomic_write_text(json.dumps(manifest, indent=1) + "\n", folder / MANIFEST)
         done_tokens += len(shard["ids"])
         rate = done_tokens / max(time.perf_counter() - begin, 1e-9)
         left = total - done_tokens
-        logger.info("%s: %d sequences, %d tokens; %.1f tok/s, %d tokens left (ETA %.2f h)", name,
-                    len(rows), len(shard["ids"]), rate, left, left / rate / 3600)
+        logger.info("%s: %d sequences, %d tokens in %.0f s (%.0f CPU s); %.1f tok/s so far, %d tokens left (ETA %.2f h)",
+                    name, len(rows), len(shard["ids"]), manifest["shards"][name]["seconds"],
+                    manifest["shards"][name]["cpu_seconds"], rate, left, left / rate / 3600)
     bar.close()
     return manifest
 
 
-def _shard_entry(shard: dict, seconds: float) -> dict:
+def _shard_entry(shard: dict, seconds: float, cpu_seconds: float = 0.0) -> dict:
+    """The manifest's line for a shard; `seconds` wall and `cpu_seconds` of this process (0: unknown)
+    to compute it (on a shared host the CPU time is the steadier cost figure)."""
     return {"split": shard["split"], "shard": shard["shard"], "sequences": len(shard["record_ids"]),
-            "tokens": len(shard["ids"]), "answer_tokens": int(shard["loss_mask"].sum()), "seconds": round(seconds, 2)}
+            "tokens": len(shard["ids"]), "answer_tokens": int(shard["loss_mask"].sum()), "seconds": round(seconds, 2),
+            "cpu_seconds": round(cpu_seconds, 2)}
 
 
 def complete(manifest: dict | None) -> bool:
