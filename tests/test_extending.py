@@ -127,3 +127,16 @@ def test_the_new_host_and_verifier_run_through_the_cli(example, monkeypatch):
     eagle = compose_generate(conf, monkeypatch, "framework=eagle", "verifier=topk")
     with pytest.raises(ValueError, match="EAGLE.*not verifier=extending_topk.TopKVerifier"):
         check_config(eagle, [], hosts=hosts)
+
+
+def test_a_verifier_without_verify_tree_says_so(example, pair):
+    from viasd_adapters.compat import implements_trees
+    from viasd_adapters.sampling import Sampler, SamplingConfig
+    from viasd_adapters.verify import LosslessVerifier, TieredVerifier
+    from viasd_adapters.verify.tree import DraftTree
+
+    topk = importlib.import_module(MODULES["viasd_adapters.verify.topk"]).TopKVerifier
+    assert not implements_trees(topk) and implements_trees(LosslessVerifier) and implements_trees(TieredVerifier)
+    tree = DraftTree.chain(torch.tensor([3, 4]))
+    with pytest.raises(NotImplementedError, match="TopKVerifier does not judge draft trees"):
+        topk(pair[0].model).verify_tree(PROMPT, tree, Sampler(SamplingConfig(), PROMPT.device), judge=None)

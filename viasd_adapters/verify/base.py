@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -11,6 +12,9 @@ from ..runner import CallStats
 from ..sampling import Sampler
 from ..draft.base import DraftBlock
 from .policy import Tier
+
+if TYPE_CHECKING:  # verify/tree.py imports this module: its types are named here only
+    from .tree import DraftTree, TreeJudge, TreeVerdict
 
 
 @dataclass
@@ -47,6 +51,29 @@ class Verifier(ABC):
     @abstractmethod
     def verify(self, input_ids: torch.Tensor, draft: DraftBlock, sampler: Sampler) -> Verdict:
         """Judge `draft` (K tokens) as the continuation of `input_ids` ([1, T], committed)."""
+
+    def verify_tree(self, input_ids: torch.Tensor, tree: DraftTree, sampler: Sampler, judge: TreeJudge) -> TreeVerdict:
+        """Judge a draft `tree` of N drafts (a tree host's, e.g. EAGLE's) after `input_ids`.
+
+        Args:
+            input_ids: [1, T] committed ids, the tree's root (the last committed token) included.
+            tree: N drafts below the root: `tree.tokens` [N] long, `tree.parents` [N] long (-1: the
+                root), `tree.probs` [N, V] or None (deterministic drafts).
+            sampler: the generation's token selection.
+            judge: the full target's side, the host's: one forward over its lagging tokens and the
+                tree, then its lossless acceptance rule; it keeps the full model's caches.
+        Returns:
+            a `TreeVerdict`: `tokens` [n + 1] (the n kept drafts of one root-to-leaf path, then the
+            recovered / bonus token), `path` [n] the kept drafts' indices, and `features`
+            [1, n + 1, H] when the slim tier settled the round without the full model (else None).
+
+        Tree hosts (`HostSpec.trees`) call it; a verifier that does not implement it is refused
+        for them before any model loads (`compat.check`).
+        """
+        raise NotImplementedError(
+            f"{type(self).__qualname__} does not judge draft trees (verify_tree): a tree host such as EAGLE runs"
+            " LosslessVerifier or TieredVerifier; implement verify_tree to run this verifier there"
+        )
 
     @property
     def stats(self) -> dict[str, CallStats]:
