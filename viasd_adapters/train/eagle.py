@@ -268,7 +268,7 @@ class ShardStream:
             if position + self.counts[k] <= skip:
                 position += self.counts[k]
                 continue
-            rows = list(shards.shard_sequences(torch.load(self.paths[k], weights_only=False)))
+            rows = list(shards.shard_sequences(shards.load_shard(self.paths[k])))
             for j in inner[k]:
                 if position >= skip:
                     yield rows[j]
@@ -276,7 +276,7 @@ class ShardStream:
 
     def all(self) -> list[dict]:
         """Every sequence, in shard order (the held-out set: small)."""
-        return [s for p in self.paths for s in shards.shard_sequences(torch.load(p, weights_only=False))]
+        return [s for p in self.paths for s in shards.shard_sequences(shards.load_shard(p))]
 
 
 def _batches(stream: ShardStream, batch_tokens: int, epoch: int, position: int):

@@ -280,7 +280,7 @@ def extract_features(model, plan: dict, cfg: CorpusConfig, folder: Path, fingerp
     for split, k, _ in todo:  # a shard renamed into place just before a kill, not yet in the manifest
         name = shard_name(split, k)
         if name not in manifest["shards"] and (folder / name).is_file():
-            manifest["shards"][name] = _shard_entry(torch.load(folder / name, weights_only=False), 0.0)
+            manifest["shards"][name] = _shard_entry(load_shard(folder / name), 0.0)
     _atomic_write_text(json.dumps(manifest, indent=1) + "\n", folder / MANIFEST)
     missing = [(split, k, rows) for split, k, rows in todo if shard_name(split, k) not in manifest["shards"]]
     if max_shards is not None:
@@ -329,6 +329,11 @@ def complete(manifest: dict | None) -> bool:
 
 
 # ----------------------------------------------------------------------------- reading shards back
+def load_shard(path: Path) -> dict:
+    """A shard, memory-mapped: tensors a reader never touches (the extra layers) are never read."""
+    return torch.load(path, weights_only=False, mmap=True)
+
+
 def shard_sequences(shard: dict) -> Iterator[dict]:
     """The sequences of a loaded shard: {"id", "ids" [T], "loss_mask" [T], "features" [T, H], "layers"}."""
     offsets = shard["offsets"].tolist()
