@@ -1,4 +1,5 @@
-"""The cost-aware DIMR objective: block outcomes by hand, pricing by a profile, the store's keys."""
+"""The cost-aware DIMR objective: block outcomes by hand and as the verifier decides them, pricing by a
+profile, the store's keys."""
 
 import math
 
@@ -9,7 +10,10 @@ from tests.conftest import tiny
 from viasd_adapters.costs import CostModel
 from viasd_adapters.routing import RoutingMask
 from viasd_adapters.search import CalibrationSet, CalibrationText, EvaluationStore, ExpectedCost, MaskObjective, Reference
+from viasd_adapters.sampling import Sampler, SamplingConfig
 from viasd_adapters.search.objective import MaskMetrics, block_outcomes
+from viasd_adapters.verify.decision import SlimScores, decide
+from viasd_adapters.verify.policy import ConfidencePolicy, Tier
 
 
 def _log(rows):
@@ -26,15 +30,57 @@ def test_block_outcomes_by_hand():
         [0.05, 0.93, 0.02],  # agrees, confident: accepts
         [0.91, 0.05, 0.04],  # disagrees, confident: tier 2 rewrites (wrongly)
     ])
-    settled, wrong = block_outcomes(q, u, tau_accept=0.9, tau_slim=0.9, block=2)
+    settled, wrong = block_outcomes(q, u, ConfidencePolicy(tau_accept=0.9, tau_slim=0.9), block=2)
     # blocks [0,1]: first non-accepted is 1 (not confident) -> escalate; [1,2]: 1 -> escalate;
     # [2,3]: 2 accepted, 3 rewritten -> settled
     assert settled.tolist() == [False, False, True]
     assert wrong.tolist() == [False, False, False, True]
-    settled, _ = block_outcomes(q, u, tau_accept=0.9, tau_slim=0.45, block=2)
+    settled, _ = block_outcomes(q, u, ConfidencePolicy(tau_accept=0.9, tau_slim=0.45), block=2)
     assert settled.tolist() == [True, True, True]  # position 1 is now a confident (correct) rewrite
-    settled, _ = block_outcomes(q, u, tau_accept=0.9, tau_slim=0.9, block=5)
+    settled, _ = block_outcomes(q, u, ConfidencePolicy(tau_accept=0.9, tau_slim=0.9), block=5)
     assert settled.numel() == 0  # no block fits in 4 positions
+
+
+def _logits(m: int, V: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[m, V] log q and log u: u mostly follows q, sometimes confidently elsewhere, q sometimes flat."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(m, V, generator=g) * torch.rand(m, 1, generator=g) * 6  # [m, V], confidence varies
+    u = q + torch.randn(m, V, generator=g)  # [m, V]
+    other = torch.rand(m, generator=g) < 0.25  # u confident on another token there
+    u[other, torch.randint(V, (int(other.sum()),), generator=g)] += 8
+    return torch.log_softmax(q, -1), torch.log_softmax(u, -1)
+
+
+@pytest.mark.parametrize("policy", [ConfidencePolicy(0.5, 0.0, 0.5), ConfidencePolicy(0.6, 0.7, 0.9),
+                                    ConfidencePolicy(0.3, 0.5, 1.0), ConfidencePolicy(0.8, 1.0, 0.6)])
+def test_settled_blocks_are_the_blocks_the_verifiers_decision_settles(policy):
+    """The objective must count what `TieredVerifier` would do with a draft that agrees with the
+    target (p = q): one decision per block, by the policy's own rule, tau_draft included."""
+    log_q, log_u = _logits(60, 7, seed=3)
+    block = 3
+    settled, wrong = block_outcomes(log_q, log_u, policy, block)
+    sampler = Sampler(SamplingConfig(), torch.device("cpu"))
+    x, q = log_q.argmax(-1), log_q.exp()
+    for start in range(len(settled)):
+        rows = slice(start, start + block + 1)  # the block's K positions and the one after it
+        decision = decide(policy, x[start:start + block], q[start:start + block], SlimScores.of(log_u[rows], sampler),
+                          sampler, room=100)
+        assert bool(settled[start]) == (decision.tier != Tier.ESCALATE), start
+    y = log_u.argmax(-1)
+    for i in range(len(x)):  # wrong: u rewrites with its own token, or would accept it if drafted
+        one = slice(i, i + 1)
+        acts = (policy.assign(x[one], q[one], log_u[one].exp())[0] == Tier.SLIM.code
+                or policy.assign(y[one], q[one], log_u[one].exp())[0] == Tier.ACCEPT.code)
+        assert bool(wrong[i]) == (bool(y[i] != x[i]) and acts), i
+    assert 0 < int(settled.sum()) < len(settled)  # both outcomes occur: the comparison means something
+
+
+def test_the_drafts_own_threshold_changes_what_the_slim_tier_settles():
+    log_q, log_u = _logits(60, 7, seed=3)
+    loose, _ = block_outcomes(log_q, log_u, ConfidencePolicy(0.5, 0.0, 0.9), block=3)
+    strict, _ = block_outcomes(log_q, log_u, ConfidencePolicy(0.5, 0.6, 0.9), block=3)
+    assert (strict != loose).any()  # ignoring tau_draft would leave these equal
+    assert ExpectedCost(CostModel.synthetic(6, 0.1), tau_draft=0.6).key() != ExpectedCost(CostModel.synthetic(6, 0.1)).key()
 
 
 def _profile(num_layers=6):

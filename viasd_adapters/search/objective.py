@@ -28,6 +28,7 @@ from transformers import PreTrainedModel
 
 from ..costs import CostModel
 from ..routing import HiddenState, RoutingMask, SlimModel
+from ..verify.policy import ConfidencePolicy, Tier, TierPolicy
 from .calibration import CalibrationSet, as_tensors
 
 COSTS = ("kl", "disagreement", "expected")
@@ -71,28 +72,35 @@ class MaskMetrics:
                    *(row.get(k) for k in _EXPECTED_FIELDS))
 
 
-def block_outcomes(log_q: torch.Tensor, log_u: torch.Tensor, tau_accept: float, tau_slim: float,
+def block_outcomes(log_q: torch.Tensor, log_u: torch.Tensor, policy: TierPolicy,
                    block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Which verify blocks the slim tier would settle, and where it would act wrongly.
 
-    The calibration text is the target's own greedy continuation, so the draft token at each
-    position is taken to be the target's token x = argmax q (a draft that agrees with the target;
-    real drafts agree less, which only adds escalations). Per position: tier 1 accepts when
-    argmax u == x and u(x) > tau_accept; otherwise tier 2 settles when max u > tau_slim, else the
-    block escalates. A block of `block` tokens starting at each position settles when its first
-    non-accepted token is settled by tier 2 (or every token is accepted).
+    The calibration text is the target's own greedy continuation, so the draft is taken to be the
+    target itself: its token at each position is x = argmax q and its distribution p = q (a draft
+    that agrees with the target; real drafts agree less, which only adds escalations). Per
+    position the policy's own greedy rule (`TierPolicy.assign`, as `TieredVerifier` applies it)
+    says whether tier 1 accepts x, tier 2 rewrites it with u's token, or the block escalates. A
+    block of `block` tokens starting at each position settles when its first non-accepted token
+    is rewritten by tier 2 (or every token is accepted).
 
     Args:
         log_q, log_u: [m, V] log-distributions at the scored positions.
+        policy: the tier rule whose thresholds the mask is chosen for.
+        block: K, draft tokens per verify block.
     Returns:
         settled: [max(m - block + 1, 0)] bool, per block start;
-        wrong: [m] bool, u confident (it would act) but argmax u != argmax q.
+        wrong: [m] bool, u would act but argmax u != argmax q: tier 2 rewrites with u's token, or
+            tier 1 would accept u's token y = argmax u had a draft proposed it (with the
+            target's confidence q(y) as the draft's).
     """
+    q, u = log_q.exp(), log_u.exp()  # [m, V]
     x = log_q.argmax(-1)  # [m]
-    u_top, u_arg = log_u.max(-1)  # [m]
-    accept = (u_arg == x) & (u_top.exp() > tau_accept)  # [m]
-    rewrite = u_top.exp() > tau_slim  # [m]
-    wrong = (u_arg != x) & (rewrite | (u_top.exp() > tau_accept))  # [m]
+    y = u.argmax(-1)  # [m]
+    tiers = policy.assign(x, q, u)  # [m]
+    accept = tiers == Tier.ACCEPT.code  # [m]
+    rewrite = tiers == Tier.SLIM.code  # [m]
+    wrong = (y != x) & (rewrite | (policy.assign(y, q, u) == Tier.ACCEPT.code))  # [m]
     m = x.numel()
     starts = max(m - block + 1, 0)
     if starts == 0:
@@ -123,12 +131,21 @@ class ExpectedCost:
 
     profile: CostModel  # the target's forwards, priced by layers run
     attention_share: float = 0.5  # share of a layer's cost in its attention sub-block
-    tau_accept: float = 0.8  # the tier thresholds the mask is chosen for
-    tau_slim: float = 0.8
+    tau_accept: float = 0.8  # the tier thresholds the mask is chosen for (`ConfidencePolicy`'s)
+    tau_slim: float = 0.8  # tier 2 rewrites with u's token where max u exceeds it
     block: int = 5  # K, draft tokens per verify block
     max_wrong: float = 0.02  # quality constraint: share of positions the slim tier may get wrong
     penalty: float = 10.0  # block-cost units per unit of `wrong` over the constraint
     share_prefix: bool = True  # escalations reuse the slim pass's layers [0, p)
+    tau_draft: float = 0.0  # the draft's confidence tier 1 also needs (0: ignored)
+
+    def __post_init__(self) -> None:
+        self.policy  # noqa: B018 -- refuses thresholds outside [0, 1] here, not at the first evaluation
+
+    @property
+    def policy(self) -> ConfidencePolicy:
+        """The tier rule these thresholds make, the one the verifier will run."""
+        return ConfidencePolicy(tau_accept=self.tau_accept, tau_draft=self.tau_draft, tau_slim=self.tau_slim)
 
     def ratios(self, mask: RoutingMask, num_layers: int) -> tuple[float, float]:
         """(slim forward, escalation) cost, each relative to one full forward of K + 1 tokens."""
@@ -141,8 +158,10 @@ class ExpectedCost:
 
     def key(self) -> str:
         """What makes two evaluations comparable (a store row of another setting is not reused)."""
+        # tau_draft joins the key only when set, so rows stored before it existed stay comparable
+        draft = f":draft{self.tau_draft}" if self.tau_draft else ""
         return (f"expected:{self.profile.device}:{self.tau_accept}:{self.tau_slim}:{self.block}:{self.max_wrong}:"
-                f"{self.penalty}:{self.share_prefix}:{self.attention_share:.4f}")
+                f"{self.penalty}:{self.share_prefix}:{self.attention_share:.4f}{draft}")
 
 
 @dataclass
@@ -227,6 +246,7 @@ class MaskObjective:
         slim = SlimModel(self.target, mask)
         kls, agrees, settled, wrong = [], [], [], []
         e = self.expected
+        policy = e.policy if e is not None else None
         with torch.inference_mode():
             for i, text in enumerate(self.reference.texts):
                 log_u = slim_log_probs(slim, self.reference, i)
@@ -234,7 +254,7 @@ class MaskObjective:
                 kls.append(kl)
                 agrees.append(agree)
                 if e is not None:
-                    s, w = block_outcomes(text.log_q, log_u, e.tau_accept, e.tau_slim, e.block)
+                    s, w = block_outcomes(text.log_q, log_u, policy, e.block)
                     settled.append(s)
                     wrong.append(w)
         kl, agree = torch.cat(kls), torch.cat(agrees)
