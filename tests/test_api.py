@@ -256,7 +256,7 @@ def test_bad_inputs_fail_fast_with_the_fix(pair):
         vsd.build(target.model, other_vocab)
     other_tokenizer = byte_tokenizer()
     other_tokenizer.add_tokens(["<extra>"])
-    with pytest.raises(ValueError, match="tokenizer differs"):
+    with pytest.raises(ValueError, match="the draft and the target use different tokenizers"):
         vsd.build(target.model, draft, tokenizer=target.tokenizer, draft_tokenizer=other_tokenizer)
     with pytest.raises(ValueError, match="30-layer model.*does not fit the 4-layer target"):
         vsd.build(target.model, draft, routing=vsd.RoutingMask(skip_layers=[3], num_layers=30))

@@ -19,6 +19,7 @@ override it, as in `model.generate`.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import logging
 from collections.abc import Mapping, Sequence
@@ -33,15 +34,16 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel, PreTr
 from transformers.generation.streamers import BaseStreamer
 
 from .compat import check
-from .configs import ROUTING_FORMS, named_config
+from .configs import ROUTING_FORMS, named_config, named_mask
 from .decode import Decoder, DecodeStats
 from .draft import Drafter, ModelDrafter, PromptLookupDrafter
 from .hosts.registry import HOSTS, HostRegistry, HostSpec
 from .models import LoadedModel
-from .pipeline import encode_text
+from .pipeline import check_same_tokenizer, encode_text
 from .routing import RoutingMask, SlimModel
 from .sampling import SamplingConfig
-from .verify import ConfidencePolicy, LosslessVerifier, SpeculativeCascadeVerifier, TieredVerifier, TierPolicy
+from .verify import (ConfidencePolicy, LosslessVerifier, SpeculativeCascadeVerifier, TieredVerifier, TierPolicy,
+                     Verifier)
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +79,7 @@ def routing_mask(routing: RoutingMask | Mapping | str | Path | None) -> RoutingM
     if isinstance(routing, Mapping):
         return RoutingMask.from_dict(routing)
     if isinstance(routing, (str, Path)):
-        return RoutingMask.from_yaml(named_config("routing", routing, "routing mask", f"a RoutingMask, {ROUTING_FORMS}"))
+        return named_mask(routing, forms=f"a RoutingMask, {ROUTING_FORMS}")
     raise TypeError(f"routing must be a RoutingMask, a dict, a YAML path or a mask name, got {type(routing).__name__}")
 
 
@@ -105,6 +107,21 @@ def tier_policy(policy: TierPolicy | Mapping | Sequence | str | Path | None) -> 
     )
 
 
+def verifier_for(target: PreTrainedModel, mask: RoutingMask | None, policy: TierPolicy | None,
+                 max_unverified: int = 16, rejudge: bool = True, share_prefix: bool = False) -> Verifier:
+    """The verifier of VIA-SD's Python arguments (`build`'s, `TieredEagle`'s): the one place they
+    become one. `LosslessVerifier` without a policy (tiers off), else a `TieredVerifier` whose slim
+    verifier u is the target routed by `mask` (a view of its weights; conf/verifier/tiered.yaml is
+    the same construction for the commands)."""
+    if policy is None:
+        return LosslessVerifier(target)
+    if mask is None:
+        raise ValueError("a tier policy needs the slim verifier's routing mask: pass routing= (a mask, its YAML or a"
+                         " name; RoutingMask.none() makes the slim verifier the target itself)")
+    return TieredVerifier(target, slim=functools.partial(SlimModel, mask=mask), policy=policy,
+                          max_unverified=max_unverified, rejudge=rejudge, share_prefix=share_prefix)
+
+
 # ----------------------------------------------------------------------------- checks
 def _num_layers(model: PreTrainedModel) -> int:
     layers = getattr(model.get_decoder(), "layers", None) if hasattr(model, "get_decoder") else None
@@ -120,11 +137,7 @@ def _vocab_size(model: PreTrainedModel) -> int:
 def check_pair(target: PreTrainedModel, draft: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None,
                draft_tokenizer: PreTrainedTokenizerBase | None) -> None:
     """Raise ValueError unless `draft` can draft for `target`: one vocabulary, one device."""
-    if tokenizer is not None and draft_tokenizer is not None and tokenizer.get_vocab() != draft_tokenizer.get_vocab():
-        raise ValueError(
-            "the draft's tokenizer differs from the target's: speculative decoding needs one shared vocabulary;"
-            " pick a draft model of the target's family"
-        )
+    check_same_tokenizer(draft_tokenizer, tokenizer)
     V_draft, V_target = _vocab_size(draft), _vocab_size(target)
     if V_draft != V_target:
         raise ValueError(
@@ -455,9 +468,7 @@ def build(
     elif "drafter" in host.parts:
         drafter = _drafter(draft, target, tokenizer, draft_tokenizer)
     if "verifier" in host.parts:
-        verifier = LosslessVerifier(target) if tiers is None else TieredVerifier(
-            target, slim=lambda t: SlimModel(t, mask), policy=tiers, max_unverified=max_unverified,
-            rejudge=rejudge, share_prefix=share_prefix)
+        verifier = verifier_for(target, mask, tiers, max_unverified, rejudge, share_prefix)
     return SpeculativeGenerator(host.build(target, drafter, verifier, **options), target, tokenizer, hosts=hosts)
 
 

@@ -61,9 +61,28 @@ def named_config(group: str, name: str | Path, what: str, forms: str) -> Path:
     return path
 
 
+def mask_file(name: str | Path, what: str = "routing mask", forms: str = ROUTING_FORMS) -> Path:
+    """The YAML file of a routing mask given by name or path, as `routing=NAME` finds it: a mask
+    YAML path, else a routing config's name (the package's, then the user config directory's).
+
+    Args:
+        name: a YAML path or a routing option's name.
+        what: the mask's role, as an error names it (e.g. "routing mask for seed 'routing:x'").
+        forms: the other forms the caller accepts, as an error lists them.
+    """
+    return named_config("routing", name, what, forms)
+
+
+def named_mask(name: str | Path, what: str = "routing mask", forms: str = ROUTING_FORMS):
+    """The `RoutingMask` of `mask_file(name, what, forms)`: every by-name mask lookup ends here."""
+    from .routing import RoutingMask  # the config helpers load no model code until a mask is asked for
+
+    return RoutingMask.from_yaml(mask_file(name, what, forms))
+
+
 def load_routing(names: list[str]) -> dict[str, DictConfig]:
     """Routing configs by name or YAML path, as `routing=NAME` finds them (clear error for a missing one)."""
-    return {name: OmegaConf.load(named_config("routing", name, "routing mask", ROUTING_FORMS)) for name in names}
+    return {name: OmegaConf.load(mask_file(name)) for name in names}
 
 
 def result_option(key: str, name: str, group: str, custom_dir: bool) -> str:

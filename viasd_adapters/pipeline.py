@@ -36,15 +36,18 @@ def load_pair(model_pair: DictConfig, with_draft: bool = True) -> ModelPair:
     if model_pair.draft == model_pair.target:
         return ModelPair(target, target)  # self-drafting: one copy of the weights
     draft = load_model(instantiate(model_pair.draft))
-    check_same_tokenizer(draft, target)
+    check_same_tokenizer(draft.tokenizer, target.tokenizer, f"draft {draft.spec.name!r}", f"target {target.spec.name!r}")
     return ModelPair(target, draft)
 
 
-def check_same_tokenizer(draft: LoadedModel, target: LoadedModel) -> None:
-    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+def check_same_tokenizer(draft: PreTrainedTokenizerBase | None, target: PreTrainedTokenizerBase | None,
+                         draft_name: str = "the draft", target_name: str = "the target") -> None:
+    """ValueError unless the two tokenizers map the same strings to the same ids (None: not known, not
+    checked): the draft's token ids are the target's only then. Every tokenizer check ends here."""
+    if draft is not None and target is not None and draft.get_vocab() != target.get_vocab():
         raise ValueError(
-            f"draft {draft.spec.name!r} and target {target.spec.name!r} use different tokenizers;"
-            " speculative decoding needs one shared vocabulary: pick a draft of the target's family"
+            f"{draft_name} and {target_name} use different tokenizers: speculative decoding needs one shared"
+            " vocabulary; pick a draft model of the target's family"
         )
 
 

@@ -511,7 +511,7 @@ def test_a_missing_head_says_how_to_train_and_pass_one(tiny_pair, tmp_path):
 def test_a_routing_mask_that_is_neither_yaml_nor_a_config_name_is_refused(tiny_pair, tmp_path):
     (tmp_path / "mask.json").write_text("{}")
     for routing in (tmp_path / "mask.json", "no-such-mask"):
-        with pytest.raises(ValueError, match="no routing mask .*: give a mask YAML file .*tiny-random-1l"):
+        with pytest.raises(ValueError, match="no routing mask .*: give a RoutingMask, a mask YAML file .*tiny-random-1l"):
             TieredEagle(_stock(tiny_pair), routing=routing, policy=ConfidencePolicy())
 
 

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..checks import check_config
 from ..models import load_model
-from ..configs import ROUTING_FORMS, named_config, result_option
+from ..configs import named_mask, result_option
 from . import check_prompt_sources, entry_point, set_threads
 from ..routing import RoutingMask
 from ..costs import CostModel, load_profile
@@ -225,8 +225,7 @@ def _known_seeds(kinds: list[str]) -> dict[str, RoutingMask]:
     known = {}
     for kind in kinds:
         if kind.startswith("routing:"):
-            path = named_config("routing", kind.split(":", 1)[1], f"routing mask for seed {kind!r}", ROUTING_FORMS)
-            known[kind] = RoutingMask.from_yaml(path)
+            known[kind] = named_mask(kind.split(":", 1)[1], f"routing mask for seed {kind!r}")
         elif kind not in ("sensitivity", "greedy"):
             raise ValueError(f"unknown seed {kind!r}: use 'sensitivity', 'greedy' or 'routing:<name>'")
     return known

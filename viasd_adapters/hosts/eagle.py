@@ -40,11 +40,10 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ..compat import built_kind, check
-from ..configs import ROUTING_FORMS, named_config
 from ..decode import CommittedSequence, Decoder, DecodeStats, GenerationResult
 from ..models.compiled import decode_step
 from ..models.vocab import DraftVocabulary, VocabularyDraftHead
-from ..routing import RoutingMask, SlimModel
+from ..routing import RoutingMask
 from ..runner import CallStats
 from ..sampling import Sampler, SamplingConfig
 from ..verify import LosslessVerifier, Tier, TieredVerifier, TierPolicy, Verdict, Verifier
@@ -186,6 +185,8 @@ def tiers_verifier(ea_model: EaModel, routing: RoutingMask | str | Path | None, 
                    max_unverified: int = 16, rejudge: bool = True) -> Verifier:
     """The verifier of `TieredEagle`'s Python arguments: `LosslessVerifier` (stock EAGLE) without a
     policy, else a `TieredVerifier` whose slim verifier is the target routed by `routing`."""
+    from ..api import routing_mask, verifier_for
+
     if policy is not None and routing is None:
         raise ValueError("a tier policy needs a slim verifier: pass routing (RoutingMask.none() for the target itself)")
     base = ea_model.base_model
@@ -197,9 +198,7 @@ def tiers_verifier(ea_model: EaModel, routing: RoutingMask | str | Path | None, 
             f"the slim tier runs the target's transformers layers; this EaModel's base is eagle-llm's own"
             f" {type(base).__name__}: load it with viasd_adapters.third_party.eagle.load_ea_model(...,"
             " backend='transformers') for the tiers")
-    if isinstance(routing, (str, Path)):
-        routing = RoutingMask.from_yaml(named_config("routing", routing, "routing mask", ROUTING_FORMS))
-    return TieredVerifier(target, SlimModel(target, routing), policy, max_unverified, rejudge)
+    return verifier_for(target, routing_mask(routing), policy, max_unverified, rejudge)
 
 
 class TieredEagle(nn.Module):
