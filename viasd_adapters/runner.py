@@ -43,15 +43,16 @@ class CausalLMRunner:
     """
 
     def __init__(self, model: PreTrainedModel, name: str = "model", head: torch.nn.Module | None = None,
-                 variant: str | None = None):
+                 variant: str | None = None, compiled: bool = True):
         """`head`: scores the model's final hidden states in its place ([..., d] -> [..., N]
         logits, e.g. a `ReducedHead` over N kept ids); None: the model's own LM head (N = V).
-        `variant`: what its stats say ran where it is not the run's dtype (a drafter's quantised copy)."""
+        `variant`: what its stats say ran where it is not the run's dtype (a drafter's quantised copy).
+        `compiled`: run the model's compiled decode step when it has one (`models.compiled`)."""
         self.model = model
         self.name = name
         self.head = head
         self.variant = variant
-        self.step = decode_step(model)  # the model's compiled decode step; None: the eager forward
+        self.step = decode_step(model) if compiled else None  # None: the eager forward
         self.reset()
 
     @property

@@ -15,8 +15,10 @@ from viasd_adapters.draft import ModelDrafter, PromptLookupDrafter
 from viasd_adapters.models import ModelSpec, TinyModelConfig, load_model
 from viasd_adapters.models.compiled import DecodeStep, attach_step, decode_step
 from viasd_adapters.models.quantize import quantize_linears
+from viasd_adapters.routing import RoutingMask, SlimModel
+from viasd_adapters.routing.slim import compile_view
 from viasd_adapters.runner import CausalLMRunner
-from viasd_adapters.verify import LosslessVerifier
+from viasd_adapters.verify import ConfidencePolicy, LosslessVerifier, TieredVerifier
 
 
 @pytest.fixture(scope="module", params=["qwen2", pytest.param("llama", marks=pytest.mark.slow)])
@@ -113,3 +115,34 @@ def test_auto_compiles_large_int8_models_on_cpu_only():
     assert ModelSpec("x", dtype="float32", compile=True).compiles(1_000)
     with pytest.raises(ValueError, match="compile"):
         ModelSpec("x", compile="sometimes")
+
+
+@pytest.mark.parametrize("mask", [RoutingMask([2]), RoutingMask([3], skip_attention=[1], skip_mlp=[2])],
+                         ids=["layer", "sub-blocks"])
+@torch.no_grad()
+def test_a_slim_view_runs_its_own_plan_on_the_targets_compiled_layer(int8_model, mask):
+    """The view's step skips what the mask skips (close to the eager view's logits), and its blocks
+    still compute what its one-row steps compute."""
+    model = int8_model.model
+    view = SlimModel(model, mask)
+    assert compile_view(view, model)
+    step = decode_step(view)
+    assert step.layers == [i for i in range(4) if i not in mask.skip_layers + mask.skip_attention]
+    eager = view(PROMPT).logits[0]
+    compiled = model.get_output_embeddings()(step(PROMPT[0], step.new_cache()))
+    assert (compiled - eager).abs().max() < 0.05 * eager.abs().max()
+    ids = PROMPT[0]
+    assert torch.equal(hidden_by_blocks(step, ids, [len(ids)]), hidden_by_blocks(step, ids, [3] + [1] * (len(ids) - 3)))
+
+
+def test_tiers_on_the_compiled_target_escalating_everything_equal_its_ar(int8_model):
+    """The tiered verifier's slim runner takes the compiled view; with every token escalated the
+    output is the compiled target's AR, and the slim forwards really ran."""
+    target = int8_model.model
+    draft = quantize_linears(perturbed(tiny(architecture=target.config.model_type).model, 0.05), "int8")
+    verifier = TieredVerifier(target, SlimModel(target, RoutingMask([2])), ConfidencePolicy(1.0, 1.0))
+    assert verifier.slim.step is not None and verifier.target.step is decode_step(target)
+    ar = AutoregressiveDecoder(target).generate(PROMPT, 30)
+    out = SpeculativeDecoder(ModelDrafter(draft), verifier, num_draft_tokens=4).generate(PROMPT, 30)
+    assert out.tokens == ar.tokens
+    assert out.stats.model_calls["slim"].calls > 0

@@ -27,16 +27,19 @@ Terms: n new rows, H hidden size, Hq / Hkv query / key-value heads, D head size,
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch._library.opaque_object import register_opaque_type
 from torch._opaque_base import OpaqueBase
+from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from .quantize import Int8Linear, Int8Projection, _RowQuantGemm
@@ -153,10 +156,12 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
-def decoder_layer(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
-                  values: torch.Tensor, write: torch.Tensor, mask: torch.Tensor, weights: dict,
-                  shape: LayerShape) -> torch.Tensor:
+def decoder_layer(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor | None,
+                  values: torch.Tensor | None, write: torch.Tensor, mask: torch.Tensor, weights: dict,
+                  shape: LayerShape, attention: bool = True, mlp: bool = True) -> torch.Tensor:
     """One pre-norm decoder layer over n new rows; writes their keys and values in place.
+
+    `attention` / `mlp` False skip that sub-block (a routed slim view; each combination is a graph).
 
     Args:
         h: [n, H] hidden states entering the layer.
@@ -167,6 +172,14 @@ def decoder_layer(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: t
     Returns:
         [n, H] hidden states leaving the layer.
     """
+    if attention:
+        h = _attention_block(h, cos, sin, keys, values, write, mask, weights, shape)
+    if mlp:
+        h = _mlp_block(h, weights, shape)
+    return h
+
+
+def _attention_block(h, cos, sin, keys, values, write, mask, weights: dict, shape: LayerShape) -> torch.Tensor:
     n = h.shape[0]
     Hq, Hkv, D = shape.q_heads, shape.kv_heads, shape.head_dim
     x = _rms_norm(h, weights["ln1"], shape.eps)
@@ -187,7 +200,10 @@ def decoder_layer(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: t
     scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     out = (probs[..., None] * V.float()[None, :, None, :, :]).sum(-2)  # [n, Hkv, G, D]
-    h = h + project(out.reshape(n, Hq * D).to(h.dtype), weights["o"])
+    return h + project(out.reshape(n, Hq * D).to(h.dtype), weights["o"])
+
+
+def _mlp_block(h: torch.Tensor, weights: dict, shape: LayerShape) -> torch.Tensor:
     x = _rms_norm(h, weights["ln2"], shape.eps)
     if "gate_up" in weights:
         gate, up = project(x, weights["gate_up"]).chunk(2, dim=-1)
@@ -215,6 +231,8 @@ class StaticKV:
     def over(cls, keys: dict[int, torch.Tensor], values: dict[int, torch.Tensor], length: int) -> StaticKV:
         """Buffers someone else owns (EAGLE's), [Hkv, S, D] per layer, `length` positions held; they never grow."""
         first = next(iter(keys.values()))
+        for buffer in (*keys.values(), *values.values()):
+            torch._dynamo.mark_dynamic(buffer, 1)  # any buffer length runs the same graph
         kv = cls(sorted(keys), first.shape[0], first.shape[2], first.dtype, first.device)
         kv.keys, kv.values, kv.capacity, kv.length, kv.growable = keys, values, first.shape[1], length, False
         return kv
@@ -232,6 +250,7 @@ class StaticKV:
                 grown = torch.zeros(Hkv, capacity, D, dtype=self.dtype, device=self.device)
                 if layer in store:
                     grown[:, : self.capacity] = store[layer]
+                torch._dynamo.mark_dynamic(grown, 1)  # growing never recompiles
                 store[layer] = grown
         self.capacity = capacity
 
@@ -240,16 +259,27 @@ class StaticKV:
         assert 0 <= length <= self.length
         self.length = length
 
+    def keep(self, start: int, positions: torch.Tensor) -> None:
+        """Keep the first `start` positions, then those at `positions` ([n] long, all >= start), in
+        that order: the accepted path of a draft tree replaces the tree."""
+        n = positions.numel()
+        for store in (self.keys, self.values):
+            for buffer in store.values():
+                buffer[:, start : start + n] = buffer[:, positions.to(buffer.device)]  # gathers first: no overlap
+        self.length = start + n
+
 
 # ----------------------------------------------------------------------------- the step
 class DecodeStep:
     """A model's decoder run by the compiled layer: ids -> final normed hidden states.
 
-    Holds views of the model's weights, never copies. `layers` picks the decoder layers to run (a
-    routed slim view passes its own); None runs them all.
+    Holds views of the model's weights, never copies.
     """
 
-    def __init__(self, model: PreTrainedModel, layers: list[int] | None = None, compile: bool = True):
+    def __init__(self, model: PreTrainedModel, plan: list[tuple[int, bool, bool]] | None = None,
+                 compile: bool = True):
+        """`plan`: (layer, runs attention, runs MLP) for each decoder layer to run, in order (a routed
+        slim view's); None: every layer, whole."""
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModel(f"the compiled step supports {', '.join(SUPPORTED_MODEL_TYPES)}, not"
@@ -261,16 +291,24 @@ class DecodeStep:
             raise UnsupportedModel(f"activation {config.hidden_act!r} is not implemented by the compiled step")
         body = model.get_decoder()
         self.model, self.body = model, body
-        self.layers = list(range(len(body.layers))) if layers is None else list(layers)
+        self.plan = [(i, True, True) for i in range(len(body.layers))] if plan is None else list(plan)
+        self.layers = [i for i, attention, _ in self.plan if attention]  # the layers that keep keys and values
         D = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         self.shape = LayerShape(int(config.num_attention_heads),
                                 int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads),
                                 D, float(config.rms_norm_eps), getattr(config, "hidden_act", "silu"))
-        self.weights = {i: _layer_weights(body.layers[i]) for i in self.layers}
+        self.weights = {i: _layer_weights(body.layers[i]) for i, _, _ in self.plan}
         self.compiled = compile
         # One graph for every layer (weights are inputs), so a model compiles once per row-count class.
         self._layer = torch.compile(decoder_layer, fullgraph=True) if compile else decoder_layer
         self.dtype = body.embed_tokens.weight.dtype
+
+    def view(self, plan: list[tuple[int, bool, bool]]) -> DecodeStep:
+        """The step of a routed view of the same model: the same weights and compiled layer."""
+        view = copy.copy(self)
+        view.plan = list(plan)
+        view.layers = [i for i, attention, _ in view.plan if attention]
+        return view
 
     def buffers(self, keys: dict[int, torch.Tensor], values: dict[int, torch.Tensor], length: int) -> StaticKV:
         """A cache over someone else's buffers (layer -> [Hkv, S, D]) holding `length` positions."""
@@ -317,12 +355,14 @@ class DecodeStep:
         h = self.body.embed_tokens(ids)  # [n, H]
         cos, sin = self.body.rotary_emb(h[None], positions[None])  # [1, n, D] each
         cos, sin = cos[0].to(h.dtype), sin[0].to(h.dtype)
-        if self.compiled and n > 1:
-            for t in (h, cos, sin, write, full):
-                torch._dynamo.mark_dynamic(t, 0)
+        if self.compiled:  # two graphs: one row, and any block (one row is specialised anyway)
             torch._dynamo.mark_dynamic(full, 1)
-        for i in self.layers:
-            h = self._layer(h, cos, sin, cache.keys[i], cache.values[i], write, full, self.weights[i], self.shape)
+            if n > 1:
+                for t in (h, cos, sin, write, full):
+                    torch._dynamo.mark_dynamic(t, 0)
+        for i, attention, mlp in self.plan:
+            h = self._layer(h, cos, sin, cache.keys.get(i), cache.values.get(i), write, full, self.weights[i],
+                            self.shape, attention, mlp)
         cache.length = start + n
         return h
 
@@ -339,10 +379,15 @@ def attach_step(model: PreTrainedModel, compile: bool = True, warm_up: bool = Tr
     except UnsupportedModel as err:
         logger.warning("%s stays eager: %s", type(model).__name__, err)
         return None
-    _STEPS[model] = step
+    register_step(model, step)
     if compile and warm_up:
         warm_up_step(step)
     return step
+
+
+def register_step(model: torch.nn.Module, step: DecodeStep) -> None:
+    """Runners of `model` (a model, or a view of one such as a routed slim verifier) run `step`."""
+    _STEPS[model] = step
 
 
 def decode_step(model: torch.nn.Module) -> DecodeStep | None:
@@ -353,13 +398,16 @@ def decode_step(model: torch.nn.Module) -> DecodeStep | None:
         return None
 
 
-def warm_up_step(step: DecodeStep) -> float:
-    """Compile both graphs (one row, a block) now; returns the seconds it took."""
+def warm_up_step(step: DecodeStep, progress: bool = True) -> float:
+    """Compile both graphs (a block, one row) now, or read them from Inductor's on-disk cache;
+    returns the seconds it took."""
     begin = time.perf_counter()
     cache = step.new_cache()
     ids = torch.zeros(4, dtype=torch.long, device=cache.device)
-    step(ids, cache)  # the block graph
-    step(ids[:1], cache)  # the one-row graph
+    name = getattr(step.model.config, "_name_or_path", "") or type(step.model).__name__
+    for rows in tqdm([4, 1], desc=f"compiling the decode step of {Path(name).name}", unit="graph",
+                     disable=not progress):
+        step(ids[:rows], cache)
     seconds = time.perf_counter() - begin
     logger.info("compiled the decode step of %s (%d layers) in %.1f s", type(step.model).__name__,
                 len(step.layers), seconds)

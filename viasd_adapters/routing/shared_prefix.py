@@ -36,7 +36,7 @@ class UpperLayers(CausalLMRunner):
 
     def __init__(self, owner: SharedPrefixRunner, view: SlimModel, name: str):
         self.owner = owner
-        super().__init__(view, name)
+        super().__init__(view, name, compiled=False)  # its layers run in stages, with transformers' caches
 
     def logits(self, input_ids: torch.Tensor, num_positions: int) -> torch.Tensor:
         """[1, T] sequence -> [m, V] logits of its last m = `num_positions` positions (as `CausalLMRunner`)."""

@@ -40,6 +40,7 @@ from transformers.masking_utils import (
 )
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from ..models.compiled import StaticKV, decode_step, register_step
 from .mask import RoutingMask
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -340,11 +341,24 @@ class SlimModel(nn.Module):
         return hidden
 
 
-def keep_positions(cache: Cache, start: int, positions: torch.Tensor) -> None:
+def keep_positions(cache: Cache | StaticKV, start: int, positions: torch.Tensor) -> None:
     """Keep the first `start` positions of every layer of `cache`, then those at `positions` ([n]
     long, all >= start), in that order: the accepted path of a draft tree replaces the tree."""
+    if isinstance(cache, StaticKV):
+        cache.keep(start, positions)
+        return
     for layer in cache.layers:
         if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:  # a layer this view skips
             continue
         index = torch.cat([torch.arange(start, device=layer.keys.device), positions.to(layer.keys.device)])
         layer.keys, layer.values = layer.keys[..., index, :], layer.values[..., index, :]
+
+
+def compile_view(view: SlimModel, target: PreTrainedModel) -> bool:
+    """Run `view` on `target`'s compiled decode step (the view's layers and sub-blocks only), when the
+    target has one; returns whether it does."""
+    step = decode_step(target)
+    if step is None:
+        return False
+    register_step(view, step.view([(s.layer, s.attention, s.mlp) for s in view.plan]))
+    return True

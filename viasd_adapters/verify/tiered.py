@@ -10,7 +10,7 @@ from transformers import PreTrainedModel
 
 from ..draft.base import DraftBlock
 from ..routing.shared_prefix import SharedPrefixRunner
-from ..routing.slim import SlimModel
+from ..routing.slim import SlimModel, compile_view
 from ..runner import CallStats, CausalLMRunner, common_prefix_length
 from ..sampling import Sampler
 from .acceptance import lossless_accept
@@ -93,6 +93,8 @@ class TieredVerifier(Verifier):
                     self.shared = shared
                     self.target, self.slim = shared.target, shared.slim
             if self.slim is None:
+                if isinstance(slim_model, SlimModel):
+                    compile_view(slim_model, target)
                 self.slim = CausalLMRunner(slim_model, "slim")
             if self.slim.vocab_size != self.target.vocab_size:
                 raise ValueError(

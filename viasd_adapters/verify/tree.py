@@ -194,8 +194,13 @@ def score_tree(runner: CausalLMRunner, input_ids: torch.Tensor, tree: DraftTree)
     start = runner.cached_length
     new = torch.cat([ids[start:], tree.tokens.to(ids.device)])  # [T - start + N]
     begin = time.perf_counter()
-    state = model.run_layers(model.embed(new[None], start), runner.cache, tree=tree.layout(start, T))
-    features = model.normed(state, len(tree) + 1)  # [1, N + 1, H]
+    positions, attend = tree.layout(start, T)  # [n], [n, n]
+    if runner.step is not None:  # the compiled step: the tree is a mask over the cached positions too
+        mask = torch.cat([attend.new_ones(len(new), start), attend], dim=1)  # [n, start + n]
+        features = runner.step(new, runner.cache, mask=mask, positions=positions)[None, -(len(tree) + 1):]
+    else:
+        state = model.run_layers(model.embed(new[None], start), runner.cache, tree=(positions, attend))
+        features = model.normed(state, len(tree) + 1)  # [1, N + 1, H]
     logits = model.logits(features)[0]  # [N + 1, V]
     runner.stats.add(new.numel(), time.perf_counter() - begin)
     runner.cached_ids = ids.clone()  # and the tree after them, until `keep_path`
