@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> Path:
     command = [
         "viasd-bench", f"model_pair={args.model_pair}", "task=jsonl", f"task.prompts_file={prompts_file}",
         f"method=[{','.join(args.methods)}]", f"max_new_tokens={args.max_new_tokens}",
-        f"repetitions={args.repetitions}", f"threads={args.threads}", f"out_dir={args.out_dir}",
+        f"repetitions={args.repetitions}", f"runtime.threads={args.threads}", f"out_dir={args.out_dir}",
         *([f"task.limit={args.limit}"] if args.limit else []), *args.overrides,
     ]
     print("running:", shlex.join(command), flush=True)

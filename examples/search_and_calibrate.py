@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
     prompt_file.write_text(args.prompt, encoding="utf-8")
     command("generate", f"model_pair={args.model_pair}", "verifier=tiered", f"routing={name}", f"policy={name}",
             f"prompt_file={prompt_file}", f"max_new_tokens={args.max_new_tokens}",
-            *([f"threads={args.threads}"] if args.threads else []))
+            *([f"runtime.threads={args.threads}"] if args.threads else []))
 
     # 3b. both, from Python: the names resolve in the user config directory
     import torch

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from viasd_adapters.models import ModelSpec
 from viasd_adapters.configs import CONFIG_DIR
@@ -100,3 +101,49 @@ def test_every_benchmark_method_builds_on_the_tiny_pair(tmp_path, monkeypatch):
     # The random-skipping ablation keeps the pair mask's budget.
     routing, random = instantiate(cfg.routing), decoders["tiered-random"].verifier.slim.model.mask
     assert len(random.skip_layers) == len(routing.skip_layers) and random.provenance["method"].startswith("random")
+
+
+# ----------------------------------------------------------------------------- the runtime group
+COMMANDS = sorted(p.stem for p in CONF.glob("*.yaml"))  # every primary config: one per command
+RUNTIME = OmegaConf.load(CONF / "runtime" / "default.yaml")
+
+
+def compose_command(command: str, *overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name=command, overrides=list(overrides))
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_reads_the_one_runtime_group(command):
+    """Every command composes conf/runtime/default.yaml; its own file overrides only keys the group
+    has (with a comment), and no command keeps a top-level `threads` of its own."""
+    cfg = compose_command(command)
+    assert set(cfg.runtime) == set(RUNTIME), f"{command}: runtime keys {sorted(cfg.runtime)}"
+    assert "threads" not in cfg
+    own = OmegaConf.load(CONF / f"{command}.yaml")
+    assert set(own.get("runtime") or {}) <= set(RUNTIME)
+    assert compose_command(command, "runtime.threads=3").runtime.threads == 3
+
+
+def test_commands_differ_from_the_runtime_defaults_only_where_they_say_why():
+    differing = {c: {k: v for k, v in compose_command(c).runtime.items() if v != RUNTIME[k]} for c in COMMANDS}
+    assert {c: d for c, d in differing.items() if d} == {
+        "frontier": {"dtype": "float32", "threads": 2},  # agreement measures lossy tiers only; equal cores
+        "generate": {"dtype": "float32"},  # greedy SD token-identical to greedy AR
+        "train_eagle": {"dtype": "float32"},  # the target's features, as the head is trained on them
+    }
+
+
+def test_the_old_threads_key_fails_naming_the_new_one(monkeypatch):
+    import sys
+
+    from viasd_adapters.checks import check_config
+    from viasd_adapters.cli.generate import main
+
+    with pytest.raises(ValueError, match=r"^threads= is now runtime.threads= .*: write runtime.threads=2$"):
+        check_config(compose_generate("+threads=2"), ["+threads=2"])
+    with pytest.raises(ValueError, match="the config sets threads, which is now runtime.threads"):
+        check_config(compose_generate("+threads=2"), [])
+    monkeypatch.setattr(sys, "argv", ["viasd-generate", "model_pair=tiny-random", "threads=2"])
+    with pytest.raises(ValueError, match="write runtime.threads=2"):  # before Hydra, which would not name it
+        main()

@@ -100,7 +100,7 @@ def test_missing_prompt_file_fails_before_loading(monkeypatch, tmp_path):
 def test_threads_key_sets_torch_threads():
     before = torch.get_num_threads()
     try:
-        run(compose_generate(*TINY, "max_new_tokens=2", "threads=1"))
+        run(compose_generate(*TINY, "max_new_tokens=2", "runtime.threads=1"))
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

@@ -46,8 +46,8 @@ def main(argv: list[str]) -> None:
     prompts = task.prompts()
     if "pass@1" in task.metrics.values():
         check_execution_enabled()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    if cfg.runtime.threads:
+        torch.set_num_threads(cfg.runtime.threads)
     target = load_model(instantiate(cfg.model_pair.target))
     tokenizer, model = target.tokenizer, target.model
     # int8's row-by-row attention keeps a verify block equal to one-token steps; under padding masks

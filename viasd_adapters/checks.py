@@ -40,14 +40,14 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] | None = None, identi
         hosts: the host registry the framework configs' decoders are looked up in.
     """
     overrides = _overrides(cfg) if overrides is None else list(overrides)
+    check_renamed(overrides, cfg)
     if "max_new_tokens" in cfg:
         check_positive_int("max_new_tokens", cfg.max_new_tokens)
     if cfg.get("prompt_file") is None and cfg.get("prompt") is not None and (
             not isinstance(cfg.prompt, str) or not cfg.prompt.strip()):
         raise ValueError('the prompt is empty: pass prompt="..."')
-    for key in ("threads", "repetitions"):
-        if cfg.get(key) is not None:
-            check_positive_int(key, cfg[key])
+    if cfg.get("repetitions") is not None:
+        check_positive_int("repetitions", cfg.repetitions)
     if cfg.get("warmup") is not None:
         check_positive_int("warmup", cfg.warmup, minimum=0)
     if "sampling" in cfg:
@@ -80,6 +80,23 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] | None = None, identi
     if components:
         _check_group_is_used("policy", overrides, components, hosts)
         _check_group_is_used("routing", overrides, components, hosts)
+
+
+# Settings that moved, by their old key: an old spelling fails naming the new one, never ignored.
+RENAMED = {"threads": "runtime.threads"}
+
+
+def check_renamed(overrides: Iterable[str], cfg: DictConfig | None = None) -> None:
+    """ValueError naming the new key for a setting given under its old one (`RENAMED`): on the
+    command line (`threads=2`, `+threads=2`) or in a config."""
+    for item in overrides:
+        key, _, value = item.lstrip("+~").partition("=")
+        if key in RENAMED:
+            raise ValueError(f"{key}= is now {RENAMED[key]}= (one runtime group for every command):"
+                             f" write {RENAMED[key]}={value or 'N'}")
+    for key, new in RENAMED.items():
+        if cfg is not None and key in cfg:
+            raise ValueError(f"the config sets {key}, which is now {new}: move it there ({new}={cfg[key]})")
 
 
 def check_positive_int(name: str, value, minimum: int = 1) -> None:

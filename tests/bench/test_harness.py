@@ -198,7 +198,7 @@ def cores_run(tmp_path_factory):
     cfg = compose_bench(
         "model_pair=tiny-random", "runtime.dtype=float32", "method=[ar,ar-2t,sd,sd-2t]", "task=jsonl",
         f"task.prompts_file={prompts}", "repetitions=1", "max_new_tokens=8", f"out_dir={tmp / 'out'}",
-        "progress=false", "threads=1", "plots=false",
+        "progress=false", "runtime.threads=1", "plots=false",
     )
     return run(cfg)
 

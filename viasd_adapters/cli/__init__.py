@@ -1,6 +1,7 @@
 """Console entry points: thin `@hydra.main` wrappers around plain `run(cfg)` functions."""
 import contextlib
 import functools
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 
@@ -36,6 +37,10 @@ def entry_point(config_name: str) -> Callable[[Callable[[DictConfig], None]], Ca
 
         @functools.wraps(task)
         def main() -> None:
+            from ..checks import check_renamed
+
+            # Hydra would refuse an old key (`threads=2`) without naming the new one: name it first
+            check_renamed(arg for arg in sys.argv[1:] if "=" in arg and not arg.startswith("-"))
             with quiet_missing_user_config_dir():
                 hydra_main()
 

@@ -84,7 +84,7 @@ def run(cfg: DictConfig) -> BenchOutcome:
         raise ValueError(f"{out_dir / RECORDS} exists already: pick a fresh out_dir")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    set_threads(cfg.threads)
+    set_threads(cfg.runtime.threads)
     logger.info("task %s: %d prompts from %s", task.name, num_prompts, getattr(task, "prompts_file", task.name))
 
     begin = time.perf_counter()

@@ -54,7 +54,7 @@ def run(cfg: DictConfig) -> CalibrationOutcome:
     masks = load_routing(list(cfg.masks)) if cfg.masks else {}  # a missing mask fails before any model loads
     if masks and cfg.get("routing_file"):
         raise ValueError("masks=[...] and routing_file= both choose the slim verifier's mask: set one")
-    set_threads(cfg.runtime.get("threads"))
+    set_threads(cfg.runtime.threads)
     pair = load_pair(cfg.model_pair, uses_draft_model(cfg.framework.drafter, cfg.verifier))
     prompts = [
         encode_prompt(pair.target, text, cfg.chat_template)

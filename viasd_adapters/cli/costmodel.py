@@ -67,7 +67,7 @@ def run(cfg: DictConfig) -> Path:
     out_dir = Path(cfg.out_dir)
     if cfg.mode == "profile":
         masks = [instantiate(node, _convert_="all") for node in load_routing(list(cfg.masks)).values()]
-        set_threads(cfg.threads)
+        set_threads(cfg.runtime.threads)
         pair = load_pair(cfg.model_pair, with_draft=True)
         profile = measure_pair(pair, masks, [cfg.context], list(cfg.tokens), list(cfg.prefill), cfg.repetitions,
                                list(cfg.quantizations))

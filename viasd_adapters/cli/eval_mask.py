@@ -62,7 +62,7 @@ def run(cfg: DictConfig) -> EvalOutput:
     if cfg.greedy:
         check_prompt_sources(cfg.greedy_calibration, "greedy_calibration")
     check_config(cfg)
-    set_threads(cfg.runtime.get("threads"))
+    set_threads(cfg.runtime.threads)
     loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))
     mask: RoutingMask = instantiate(cfg.routing, _convert_="all")
     if mask.is_identity:

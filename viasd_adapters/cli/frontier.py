@@ -61,7 +61,7 @@ def read_records(out_dir: Path) -> list[dict]:
 
 def _subtitle(cfg: DictConfig, records: list[dict]) -> str:
     cpu = cpu_info().model
-    threads = records[0].get("threads") if records else cfg.threads
+    threads = records[0].get("threads") if records else cfg.runtime.threads
     return (f"{cfg.model_pair.name}, {cfg.runtime.dtype}, greedy; {cpu}, {threads} torch threads for every"
             f" method; {len({(r['task'], r['prompt_id']) for r in records})} prompts, measured")
 
@@ -217,7 +217,7 @@ def run(cfg: DictConfig) -> str:
         return write_report(cfg, out_dir, _points_from_run(sweep, cfg, routing, out_dir))
 
     (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    set_threads(cfg.threads)
+    set_threads(cfg.runtime.threads)
     pair = load_pair(cfg.model_pair, with_draft=True)
     points = build_points(sweep, cfg.method, routing, attention_share(pair.target.model))
     pending = {k: _remaining(out_dir, k, tasks[k], len(points) + len(sweep.gated), cfg.repetitions) for k in only}

@@ -61,7 +61,7 @@ def read_prompt(cfg: DictConfig) -> str:
 def run(cfg: DictConfig, hosts: HostRegistry = HOSTS) -> GenerateOutcome:
     """Decode the configured prompt; `hosts`: the host registry the framework's decoder is found in."""
     check_config(cfg, hosts=hosts)
-    set_threads(cfg.get("threads"))
+    set_threads(cfg.runtime.threads)
     prompt = read_prompt(cfg)  # before loading: a missing file fails fast
     apply_routing_file(cfg)
     sampling = instantiate(cfg.sampling)

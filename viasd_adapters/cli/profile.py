@@ -111,7 +111,7 @@ def run(cfg: DictConfig) -> ProfileOutcome:
         grid.dtypes = [d for d in grid.dtypes if d not in QUANTIZED_PRECISIONS]
     path = Path(cfg.profile_path) if cfg.profile_path else default_profile_path(device)
     profile, measured = ensure_profile(grid, path, device, pair_loader(cfg.model_pair), cfg.remeasure, cfg.progress)
-    threads = [cfg.threads] if cfg.threads else usable_threads(grid.threads, device)
+    threads = [cfg.runtime.threads] if cfg.runtime.threads else usable_threads(grid.threads, device)
     choice = choose_configuration(
         profile, cfg.model_pair.draft.name, cfg.model_pair.target.name, cfg.acceptance, threads,
         dtypes=grid.dtypes, draft_dtypes=grid.dtypes + grid.variants, k_max=cfg.k_max, context=cfg.context,

@@ -65,7 +65,7 @@ def run(cfg: DictConfig) -> SearchOutput:
     name = mask_name(cfg)  # a bad name fails before the model loads
     check_prompt_sources(cfg.calibration, "calibration")
     check_config(cfg)
-    set_threads(cfg.runtime.get("threads"))
+    set_threads(cfg.runtime.threads)
     search_cfg = SearchConfig(**OmegaConf.to_container(cfg.search.config, resolve=True))
     expected_cfg = cfg.search.get("expected")
     if search_cfg.cost == "expected" and not (expected_cfg and expected_cfg.get("profile")):
