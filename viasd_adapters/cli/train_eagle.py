@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 def run(cfg: DictConfig):
     """Train (or, with export.head and export.out set, export) and return the TrainResult / folder."""
     check_config(cfg)
-    set_threads(cfg.threads)
+    set_threads(cfg.runtime.threads)
     from ..models import load_model
 
     if cfg.export.head or cfg.export.out:
