@@ -12,17 +12,17 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from ..api import build
 from ..costs import (
     Choice, LatencyProfile, ProfileGrid, choose_configuration, default_profile_path, load_profile,
     measure_profile, missing_points, split_variant, usable_threads,
 )
-from ..decode import AutoregressiveDecoder, GenerationResult, SpeculativeDecoder
+from ..decode import GenerationResult
 from ..decode.schedule import AdaptiveDraftLength
 from ..draft import ModelDrafter
 from ..models import load_model
 from ..models.spec import QUANTIZED_PRECISIONS
 from ..pipeline import encode_prompt
-from ..verify import LosslessVerifier
 from . import entry_point
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def decode_both(cfg: DictConfig, profile: LatencyProfile, choice: Choice) -> lis
     device = cfg.runtime.device
     pair = cfg.model_pair
     target = load_model(instantiate(pair.target, dtype=choice.dtype, device=device))
-    decoders = {f"greedy AR ({choice.dtype})": (AutoregressiveDecoder(target.model), target)}
+    decoders = {f"greedy AR ({choice.dtype})": (build(target).decoder, target)}
     if choice.framework == "sd":
         draft_dtype, quantization = split_variant(choice.draft_dtype)
         draft = load_model(instantiate(pair.draft, dtype=draft_dtype, device=device))
@@ -88,12 +88,12 @@ def decode_both(cfg: DictConfig, profile: LatencyProfile, choice: Choice) -> lis
             k_max=cfg.k_max, prior_acceptance=choice.acceptance,
         )
         label = f"SD (target {choice.dtype}, draft {choice.draft_dtype}, adaptive K from {choice.num_draft_tokens})"
-        drafter = ModelDrafter(draft.model, quantize=quantization)
-        decoders[label] = (SpeculativeDecoder(drafter, LosslessVerifier(target.model), draft_length=schedule), target)
+        drafter = ModelDrafter(draft.model, quantize=quantization)  # the variant the profile priced
+        decoders[label] = (build(target, drafter, policy=None, draft_length=schedule).decoder, target)
     if choice.fastest_ar_dtype and choice.fastest_ar_dtype != choice.dtype:
         fastest = load_model(instantiate(pair.target, dtype=choice.fastest_ar_dtype, device=device))
-        decoders[f"greedy AR ({choice.fastest_ar_dtype}, the fastest AR by the profile)"] = (
-            AutoregressiveDecoder(fastest.model), fastest)
+        label = f"greedy AR ({choice.fastest_ar_dtype}, the fastest AR by the profile)"
+        decoders[label] = (build(fastest).decoder, fastest)
     ids = encode_prompt(target, cfg.prompt, cfg.chat_template)
     sampling = instantiate(cfg.sampling)
     out = []
