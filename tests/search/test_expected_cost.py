@@ -63,8 +63,8 @@ def test_settled_blocks_are_the_blocks_the_verifiers_decision_settles(policy):
     x, q = log_q.argmax(-1), log_q.exp()
     for start in range(len(settled)):
         rows = slice(start, start + block + 1)  # the block's K positions and the one after it
-        decision = decide(policy, x[start:start + block], q[start:start + block], SlimScores.of(log_u[rows], sampler),
-                          sampler, room=100)
+        drafts = slice(start, start + block)
+        decision = decide(policy, x[drafts], q[drafts], SlimScores.of(log_u[rows], sampler), sampler, room=100)
         assert bool(settled[start]) == (decision.tier != Tier.ESCALATE), start
     y = log_u.argmax(-1)
     for i in range(len(x)):  # wrong: u rewrites with its own token, or would accept it if drafted
@@ -80,7 +80,8 @@ def test_the_drafts_own_threshold_changes_what_the_slim_tier_settles():
     loose, _ = block_outcomes(log_q, log_u, ConfidencePolicy(0.5, 0.0, 0.9), block=3)
     strict, _ = block_outcomes(log_q, log_u, ConfidencePolicy(0.5, 0.6, 0.9), block=3)
     assert (strict != loose).any()  # ignoring tau_draft would leave these equal
-    assert ExpectedCost(CostModel.synthetic(6, 0.1), tau_draft=0.6).key() != ExpectedCost(CostModel.synthetic(6, 0.1)).key()
+    costs = CostModel.synthetic(6, 0.1)
+    assert ExpectedCost(costs, tau_draft=0.6).key() != ExpectedCost(costs).key()  # stored rows kept apart
 
 
 def _profile(num_layers=6):

@@ -118,7 +118,8 @@ class CostModel:
             if model is None:
                 continue
             depth = (lambda e: float(L if e.layers is None else e.layers)) if role == "target" else (lambda e: 0.0)
-            decode[role], prompt = _fit_role(profile.entries_of(model, variant, threads), depth, context, model, variant)
+            found = profile.entries_of(model, variant, threads)
+            decode[role], prompt = _fit_role(found, depth, context, model, variant)
             if prompt is None:  # no prompt-sized forwards measured: price the prompt on the decode line
                 layers = L if role == "target" else 0.0
                 prompt = Line(a=decode[role].per_call(layers), c=decode[role].per_token(layers))
