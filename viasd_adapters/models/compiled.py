@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch._library.opaque_object import register_opaque_type
+from torch._library.opaque_object import get_opaque_type_name, register_opaque_type
 from torch._opaque_base import OpaqueBase
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
@@ -72,15 +72,26 @@ class PackedGemm(OpaqueBase):
 register_opaque_type(PackedGemm, typ="reference")
 
 
-@torch.library.custom_op("viasd::w8a8_unit_gemm", mutates_args=())
-def w8a8_unit_gemm(unit: torch.Tensor, gemm: PackedGemm, out_features: int) -> torch.Tensor:
+# Defined with `torch.library.Library` rather than `custom_op`: its Python wrapper costs ~20 µs a
+# call against ~8 µs here (measured), and a decode step makes five calls a layer.
+_LIBRARY = torch.library.Library("viasd", "DEF")
+_LIBRARY.define(f"w8a8_unit_gemm(Tensor unit, {get_opaque_type_name(PackedGemm)} gemm, int out_features) -> Tensor")
+
+
+def _w8a8_unit_gemm(unit: torch.Tensor, gemm: PackedGemm, out_features: int) -> torch.Tensor:
     """[M, K] fp32 rows scaled into [-1, 1] (with `_RowQuantGemm`'s bounds row) -> [M, N] fp32."""
     return torch.ops.quantized.linear_dynamic(unit, gemm.gemm.packed, True)
 
 
-@w8a8_unit_gemm.register_fake
+_LIBRARY.impl("w8a8_unit_gemm", _w8a8_unit_gemm, "CPU")
+
+
+@torch.library.register_fake("viasd::w8a8_unit_gemm", lib=_LIBRARY)
 def _(unit, gemm, out_features):
     return unit.new_empty(unit.shape[0], out_features)
+
+
+w8a8_unit_gemm = torch.ops.viasd.w8a8_unit_gemm
 
 
 # ----------------------------------------------------------------------------- weights as graph inputs
