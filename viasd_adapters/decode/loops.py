@@ -192,11 +192,8 @@ class SpeculativeDecoder(Decoder):
             committed.commit(verdict.tokens)
             # 4. the next round's K learns from this one
             self.draft_length.update(verdict.num_drafted, verdict.num_accepted)
-            stats.steps += 1
-            stats.drafted += verdict.num_drafted
-            stats.accepted += verdict.num_accepted
-            stats.tier_counts.update(verdict.tier_counts)
-            stats.settled += verdict.last_tier != Tier.ESCALATE  # the full model chose no token of the round
+            stats.add_round(verdict.num_drafted, verdict.num_accepted, verdict.tier_counts,
+                            settled=verdict.last_tier != Tier.ESCALATE)
         synchronize(input_ids.device)
         stats.seconds = time.perf_counter() - begin
         stats.new_tokens = len(committed.new_tokens)

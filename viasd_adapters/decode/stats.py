@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from ..runner import CallStats
@@ -20,6 +21,16 @@ class DecodeStats:
     tier_counts: Counter = field(default_factory=Counter)  # draft tokens decided per tier
     settled: int = 0  # verification rounds the slim tier settled, no forward of the full model
     model_calls: dict[str, CallStats] = field(default_factory=dict)  # cost per model
+
+    def add_round(self, drafted: int, accepted: int, tier_counts: Mapping[str, int], settled: bool = False) -> None:
+        """Count one verification round: `drafted` draft tokens judged, the first `accepted` of them
+        kept, the committed tokens per tier, and whether the slim tier `settled` it (the full model
+        chose none of its tokens). Every host loop counts its rounds here, so records mean the same."""
+        self.steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.tier_counts.update(tier_counts)
+        self.settled += settled
 
     @property
     def tokens_per_second(self) -> float:

@@ -459,11 +459,10 @@ class EagleDecoder(Decoder):
         with _global_rng(sampling) if sampled else contextlib.nullcontext(), rounds as verdicts:
             for verdict in verdicts:
                 if verdict.num_drafted:
-                    stats.steps += 1
-                    stats.drafted += verdict.num_drafted
-                    stats.accepted += verdict.num_accepted
-                    stats.settled += verdict.last_tier != Tier.ESCALATE  # the full model chose no token of it
-                stats.tier_counts.update(verdict.tier_counts)
+                    stats.add_round(verdict.num_drafted, verdict.num_accepted, verdict.tier_counts,
+                                    settled=verdict.last_tier != Tier.ESCALATE)
+                else:  # the prefill's token: counted by tier, not a round
+                    stats.tier_counts.update(verdict.tier_counts)
                 committed.commit(verdict.tokens)
                 if committed.done:
                     break

@@ -168,10 +168,7 @@ class PearlDecoder(Decoder):
                 round_ = session.step(committed.remaining)
                 # 4. commit (cut at a stop token or the budget)
                 committed.commit(round_.tokens)
-                stats.steps += 1
-                stats.drafted += round_.num_drafted
-                stats.accepted += round_.num_accepted
-                stats.tier_counts.update(round_.counts)
+                stats.add_round(round_.num_drafted, round_.num_accepted, round_.counts)
                 modes[round_.mode] += 1
         stats.seconds = time.perf_counter() - begin
         stats.new_tokens = len(committed.new_tokens)
