@@ -35,6 +35,7 @@ BAD = [  # (command, overrides, what the error must say)
     ("generate", ["runtime.draft_dtype=int4"], "runtime.draft_dtype=int4 is not one of"),
     ("generate", ["runtime.dtype=int8", "runtime.device=meta"], "runtime.dtype=int8: its W8A8 kernels .* CPUs only"),
     ("generate", ["runtime.device=gpu"], "is not a torch device"),
+    ("generate", ["runtime.compile=sometimes"], "runtime.compile='sometimes': use true, false or auto"),
     ("generate", ["framework=ar", "verifier=tiered"], "framework=ar .* takes no verifier.*framework=sd verifier=tiered"),
     ("generate", ["verifier=full", "policy.tau_accept=0.5"], "no decoder of this run reads the policy.*verifier=tiered"),
     ("generate", ["framework=ar", "policy=default"], "no decoder of this run reads the policy"),

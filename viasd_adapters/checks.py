@@ -118,6 +118,8 @@ def check_runtime(runtime: DictConfig) -> None:
     for key in ("dtype", "draft_dtype"):
         if runtime.get(key) is not None:
             check_precision(runtime[key], device or "cpu", key=f"runtime.{key}")
+    if runtime.get("compile", "auto") not in (True, False, "auto"):
+        raise ValueError(f"runtime.compile={runtime.compile!r}: use true, false or auto")
 
 
 def check_components(name: str, framework: DictConfig, verifier: DictConfig | None, identity_slim_ok: bool = False,
