@@ -642,16 +642,12 @@ def test_framework_eagle_refuses_verifiers_it_cannot_run(tiny_random_eagle, over
 
 # ----------------------------------------------------------------------------- head training
 def test_head_training_runs_a_few_steps_and_resumes(tmp_path):
-    from omegaconf import OmegaConf
 
     from viasd_adapters.cli.train_eagle import run
 
     def cfg(steps):
-        base = OmegaConf.load(Path(CONFIG_DIR) / "train_eagle.yaml")
-        base.pop("defaults")
-        base.pop("hydra")
-        base.model_pair = OmegaConf.load(Path(CONFIG_DIR) / "model_pair" / "tiny-random.yaml")
-        base.runtime.draft_dtype = "float32"
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            base = compose(config_name="train_eagle", overrides=["model_pair=tiny-random", "runtime.draft_dtype=float32"])
         base.out_dir = str(tmp_path / "head")
         base.progress = False
         t = base.training
