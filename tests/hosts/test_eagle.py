@@ -642,7 +642,6 @@ def test_framework_eagle_refuses_verifiers_it_cannot_run(tiny_random_eagle, over
 
 # ----------------------------------------------------------------------------- head training
 def test_head_training_runs_a_few_steps_and_resumes(tmp_path):
-
     from viasd_adapters.cli.train_eagle import run
 
     def cfg(steps):
