@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import os
 import time
 import weakref
 from dataclasses import dataclass
@@ -38,17 +39,20 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch._library.opaque_object import get_opaque_type_name, register_opaque_type
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 from torch._opaque_base import OpaqueBase
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
+from .offline import cache_root
 from .quantize import Int8Linear, Int8Projection, _RowQuantGemm
 
 logger = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 MAX_BLOCK_ROWS = 64  # longer inputs (a prompt) run as blocks of this many rows
-KV_GROWTH = 1024  # buffers grow by whole multiples of this many positions
+KV_GROWTH = 2048  # buffers grow by whole multiples of this many positions (each size compiles once)
+RECOMPILE_LIMIT = 64  # graphs of the layer function a process may compile
 ATTENTION_ALIGN = 64  # attended length rounded up to this (whole SIMD vectors, fewer shapes)
 
 
@@ -80,7 +84,8 @@ _LIBRARY.define(f"w8a8_unit_gemm(Tensor unit, {get_opaque_type_name(PackedGemm)}
 
 def _w8a8_unit_gemm(unit: torch.Tensor, gemm: PackedGemm, out_features: int) -> torch.Tensor:
     """[M, K] fp32 rows scaled into [-1, 1] (with `_RowQuantGemm`'s bounds row) -> [M, N] fp32."""
-    return torch.ops.quantized.linear_dynamic(unit, gemm.gemm.packed, True)
+    # fbgemm reads rows as dense memory: Inductor may hand over a padded row stride.
+    return torch.ops.quantized.linear_dynamic(unit.contiguous(), gemm.gemm.packed, True)
 
 
 _LIBRARY.impl("w8a8_unit_gemm", _w8a8_unit_gemm, "CPU")
@@ -92,6 +97,27 @@ def _(unit, gemm, out_features):
 
 
 w8a8_unit_gemm = torch.ops.viasd.w8a8_unit_gemm
+
+# The new rows' keys and values go into the buffers through an opaque in-place op: Inductor's own
+# fused scatter into a graph input corrupted memory with dynamic row counts (torch 2.13, measured).
+_LIBRARY.define("kv_write(Tensor(a!) keys, Tensor(b!) values, Tensor write, Tensor k, Tensor v) -> ()")
+
+
+def _kv_write(keys: torch.Tensor, values: torch.Tensor, write: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """keys, values [Hkv, S, D]; write [n] positions; k, v [Hkv, n, D]."""
+    keys[:, write] = k
+    values[:, write] = v
+
+
+_LIBRARY.impl("kv_write", _kv_write, "CPU")
+
+
+@torch.library.register_fake("viasd::kv_write", lib=_LIBRARY)
+def _(keys, values, write, k, v):
+    return None
+
+
+kv_write = torch.ops.viasd.kv_write
 
 
 # ----------------------------------------------------------------------------- weights as graph inputs
@@ -201,8 +227,7 @@ def _attention_block(h, cos, sin, keys, values, write, mask, weights: dict, shap
     cos, sin = cos[:, None, :], sin[:, None, :]
     q = _rotate(q.view(n, Hq, D), cos, sin)  # [n, Hq, D]
     k = _rotate(k.view(n, Hkv, D), cos, sin)  # [n, Hkv, D]
-    keys[:, write] = k.transpose(0, 1).to(keys.dtype)
-    values[:, write] = v.view(n, Hkv, D).transpose(0, 1).to(values.dtype)
+    kv_write(keys, values, write, k.transpose(0, 1).to(keys.dtype), v.view(n, Hkv, D).transpose(0, 1).to(values.dtype))
     A = mask.shape[1]
     K, V = keys[:, :A], values[:, :A]  # [Hkv, A, D]
     q = q.view(n, Hkv, Hq // Hkv, D).float()
@@ -243,7 +268,7 @@ class StaticKV:
         """Buffers someone else owns (EAGLE's), [Hkv, S, D] per layer, `length` positions held; they never grow."""
         first = next(iter(keys.values()))
         for buffer in (*keys.values(), *values.values()):
-            torch._dynamo.mark_dynamic(buffer, 1)  # any buffer length runs the same graph
+            torch._dynamo.mark_static(buffer, 1)  # see `reserve`
         kv = cls(sorted(keys), first.shape[0], first.shape[2], first.dtype, first.device)
         kv.keys, kv.values, kv.capacity, kv.length, kv.growable = keys, values, first.shape[1], length, False
         return kv
@@ -261,7 +286,9 @@ class StaticKV:
                 grown = torch.zeros(Hkv, capacity, D, dtype=self.dtype, device=self.device)
                 if layer in store:
                     grown[:, : self.capacity] = store[layer]
-                torch._dynamo.mark_dynamic(grown, 1)  # growing never recompiles
+                # Static: one graph per capacity (a symbolic buffer length was where Inductor's
+                # fused key / value scatter corrupted memory before `kv_write`; not retried).
+                torch._dynamo.mark_static(grown, 1)
                 store[layer] = grown
         self.capacity = capacity
 
@@ -310,6 +337,9 @@ class DecodeStep:
                                 D, float(config.rms_norm_eps), getattr(config, "hidden_act", "silu"))
         self.weights = {i: _layer_weights(body.layers[i]) for i, _, _ in self.plan}
         self.compiled = compile
+        # Each model size, row-count class, buffer size and routed plan is a graph of the one compiled
+        # layer function: more than Dynamo's default of 8 before it would fall back to eager.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         # One graph for every layer (weights are inputs), so a model compiles once per row-count class.
         self._layer = torch.compile(decoder_layer, fullgraph=True) if compile else decoder_layer
         self.dtype = body.embed_tokens.weight.dtype
@@ -382,9 +412,22 @@ class DecodeStep:
 _STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def inductor_cache_dir() -> Path:
+    """Where compiled graphs are kept between processes: `$TORCHINDUCTOR_CACHE_DIR` if set, else
+    `$VIASD_CACHE/inductor/<ATEN_CPU_CAPABILITY>`. Inductor's cache key misses that variable: a
+    process limited to AVX2 was handed the native AVX-512 process's kernels and computed NaNs."""
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):  # Inductor writes its default there
+        capability = os.environ.get("ATEN_CPU_CAPABILITY", "native") or "native"
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor" / capability)
+    return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+
+
 def attach_step(model: PreTrainedModel, compile: bool = True, warm_up: bool = True) -> DecodeStep | None:
     """Give `model` a compiled decode step, which every runner of it then uses; None (and a log
     line) where the model is not supported and stays eager. `warm_up` compiles now, with timing."""
+    if compile:
+        inductor_cache_dir()
     try:
         step = DecodeStep(model, compile=compile)
     except UnsupportedModel as err:
