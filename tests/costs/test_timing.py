@@ -8,8 +8,9 @@ from viasd_adapters.routing import RoutingMask
 from viasd_adapters.runner import CausalLMRunner
 
 
-def test_time_forwards_takes_turns_and_crops_back_to_the_context(monkeypatch):
-    fed = []  # (model, tokens scored, tokens cached after the forward)
+def record_forwards(monkeypatch) -> list[tuple[str, int, int]]:
+    """Every runner forward from now on, as (model, tokens scored, tokens cached after it)."""
+    fed = []
     logits = CausalLMRunner.logits
 
     def spy(self, ids, n):
@@ -18,6 +19,11 @@ def test_time_forwards_takes_turns_and_crops_back_to_the_context(monkeypatch):
         return out
 
     monkeypatch.setattr(CausalLMRunner, "logits", spy)
+    return fed
+
+
+def test_time_forwards_takes_turns_and_crops_back_to_the_context(monkeypatch):
+    fed = record_forwards(monkeypatch)
     times = time_forwards({"a": tiny(seed=0).model, "b": tiny(seed=1).model}, context=16, new_tokens=[1, 4], repeats=2)
     assert set(times) == {"a", "b"} and all(len(v) == 2 and min(v) > 0 for row in times.values() for v in row.values())
     assert fed[:2] == [("a", 1, 16), ("b", 1, 16)]  # each model prefills the context once
@@ -41,15 +47,7 @@ def test_every_timed_forward_is_fenced_by_device_syncs(monkeypatch):
 
 
 def test_the_slim_full_cost_ratio_times_both_in_turn_on_the_given_context(monkeypatch):
-    fed = []  # (model, tokens fed, tokens cached after the forward)
-    logits = CausalLMRunner.logits
-
-    def spy(self, ids, n):
-        out = logits(self, ids, n)
-        fed.append((self.name, n, self.cached_length))
-        return out
-
-    monkeypatch.setattr(CausalLMRunner, "logits", spy)
+    fed = record_forwards(monkeypatch)
     context = torch.arange(10, 22)[None]  # [1, 12]
     ratio = measure_cost_ratio(tiny(seed=0).model, RoutingMask([1, 2], num_layers=4), context, 3, repetitions=3,
                                warmup=2)
