@@ -9,17 +9,17 @@ norms, rotary embedding, row quantisation, attention and activations into a few 
   are script objects Dynamo cannot trace, so the op takes them as an opaque reference object and
   the graph never breaks; it computes exactly what `quantize._RowQuantGemm` computes;
 * one graph serves every layer (the layer's weights are inputs, not constants) and every row
-  count above one (rows and attended length are dynamic), so a model compiles two graphs: one
-  for a one-token step, one for blocks. Graphs land in Inductor's on-disk cache;
+  count above one (rows and attended length are dynamic), so a model compiles two graphs per
+  buffer size: one for a one-token step, one for blocks. Graphs land in Inductor's on-disk cache
+  (`inductor_cache_dir`);
 * keys and values live in preallocated buffers (`StaticKV`), written in place at the new rows'
-  positions; rolling back is lowering a length;
+  positions by a second opaque operator (`viasd::kv_write`); rolling back is lowering a length;
 * attention is computed row by row as reductions whose shape does not depend on the block: a
   block's row j sees exactly the keys the one-token step at its position sees, with the same
   arithmetic, so a verify block reproduces the steps it replaces (tests/models/test_compiled.py).
   A row's keys are given by a boolean mask, so a draft tree (EAGLE) is a mask, not another path.
 
-Supported: Llama, Qwen2, Qwen3-free (no per-head norms), Mistral without sliding windows, in
-fp32, bf16 or the project's int8. Anything else raises `UnsupportedModel`, and callers fall
+Supported: Llama, Qwen2, and Mistral without sliding windows, in fp32, bf16 or the project's int8. Anything else raises `UnsupportedModel`, and callers fall
 back to eager with a log line.
 
 Terms: n new rows, H hidden size, Hq / Hkv query / key-value heads, D head size, S buffer length.
