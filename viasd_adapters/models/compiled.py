@@ -397,10 +397,11 @@ class DecodeStep:
         cos, sin = self.body.rotary_emb(h[None], positions[None])  # [1, n, D] each
         cos, sin = cos[0].to(h.dtype), sin[0].to(h.dtype)
         if self.compiled:  # two graphs: one row, and any block (one row is specialised anyway)
-            torch._dynamo.mark_dynamic(full, 1)
+            # maybe_: a length equal to the buffer's (EAGLE's small buffers) may specialise instead
+            torch._dynamo.maybe_mark_dynamic(full, 1)
             if n > 1:
                 for t in (h, cos, sin, write, full):
-                    torch._dynamo.mark_dynamic(t, 0)
+                    torch._dynamo.maybe_mark_dynamic(t, 0)
         for i, attention, mlp in self.plan:
             h = self._layer(h, cos, sin, cache.keys.get(i), cache.values.get(i), write, full, self.weights[i],
                             self.shape, attention, mlp)
