@@ -340,7 +340,6 @@ class DecodeStep:
         # Each model size, row-count class, buffer size and routed plan is a graph of the one compiled
         # layer function: more than Dynamo's default of 8 before it would fall back to eager.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        # One graph for every layer (weights are inputs), so a model compiles once per row-count class.
         self._layer = torch.compile(decoder_layer, fullgraph=True) if compile else decoder_layer
         self.dtype = body.embed_tokens.weight.dtype
 
