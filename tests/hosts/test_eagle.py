@@ -832,3 +832,24 @@ def test_eagle_on_the_compiled_int8_target_reproduces_its_ar(accepting_pair):
     eagle = decoder.generate(PROMPT, 40)
     assert eagle.tokens == ar.tokens
     assert 0 < eagle.stats.accepted < eagle.stats.drafted
+
+
+def test_tiered_eagle_on_the_compiled_int8_target_scores_trees_on_the_compiled_view(accepting_pair):
+    """u = the compiled target itself: its tree passes (score_tree) and path compaction (keep_path)
+    run on the compiled step's buffers, and tiers 1-2 keep exactly q's greedy tokens."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from viasd_adapters.models.compiled import attach_step
+    from viasd_adapters.models.quantize import calibrate_outliers, quantize_linears
+
+    _, target, head = accepting_pair
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    quantize_linears(model, "int8", outliers=calibrate_outliers(model, AutoTokenizer.from_pretrained(target)))
+    attach_step(model)
+    ar = AutoregressiveDecoder(model).generate(PROMPT, 40)
+    decoder = EagleDecoder(target=model, head=head, routing=RoutingMask.none(),
+                           policy=ConfidencePolicy(0.3, 0.0, 0.3), max_unverified=8)
+    assert decoder.model.verifier.slim.step is not None
+    out = decoder.generate(PROMPT, 40)
+    assert out.tokens == ar.tokens
+    assert out.stats.tier_counts[Tier.ACCEPT] > 0 and out.stats.tier_counts[Tier.ESCALATE] > 0
