@@ -103,7 +103,7 @@ class CausalLMRunner:
         begin = time.perf_counter()
         if self.step is not None:
             hidden = self.step(new_ids, self.cache)[-num_positions:]  # [m, H]
-            logits = (self.head or self.model.get_output_embeddings())(hidden)
+            logits = (self.model.get_output_embeddings() if self.head is None else self.head)(hidden)
         elif self.head is None:
             out = self.model(
                 input_ids=new_ids[None],
