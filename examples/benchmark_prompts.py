@@ -39,7 +39,9 @@ def to_jsonl(prompts: Path, out_dir: Path) -> Path:
     path = out_dir / f"{prompts.stem}.jsonl"
     with path.open("w", encoding="utf-8") as f:
         for i, text in enumerate(lines):
-            f.write(json.dumps({"question_id": f"{prompts.stem}/{i}", "category": prompts.stem, "turns": [text]}) + "\n")
+            f.write(
+                json.dumps({"question_id": f"{prompts.stem}/{i}", "category": prompts.stem, "turns": [text]}) + "\n"
+            )
     return path
 
 
@@ -60,10 +62,17 @@ def main(argv: list[str] | None = None) -> Path:
 
     prompts_file = to_jsonl(args.prompts, args.out_dir)
     command = [
-        "viasd-bench", f"model_pair={args.model_pair}", "task=jsonl", f"task.prompts_file={prompts_file}",
-        f"method=[{','.join(args.methods)}]", f"max_new_tokens={args.max_new_tokens}",
-        f"repetitions={args.repetitions}", f"runtime.threads={args.threads}", f"out_dir={args.out_dir}",
-        *([f"task.limit={args.limit}"] if args.limit else []), *args.overrides,
+        "viasd-bench",
+        f"model_pair={args.model_pair}",
+        "task=jsonl",
+        f"task.prompts_file={prompts_file}",
+        f"method=[{','.join(args.methods)}]",
+        f"max_new_tokens={args.max_new_tokens}",
+        f"repetitions={args.repetitions}",
+        f"runtime.threads={args.threads}",
+        f"out_dir={args.out_dir}",
+        *([f"task.limit={args.limit}"] if args.limit else []),
+        *args.overrides,
     ]
     print("running:", shlex.join(command), flush=True)
     print(f"CPU: {platform.processor() or platform.machine()}, {args.threads} torch thread(s) per method", flush=True)

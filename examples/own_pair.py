@@ -31,8 +31,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--policy", nargs=2, type=float, default=(0.8, 0.8), metavar=("TAU_ACCEPT", "TAU_SLIM"))
     parser.add_argument("--prompt", default="Write a Python function that checks whether a string is a palindrome.")
     parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="the target's dtype (float32: greedy SD is token-identical to greedy decoding)")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="the target's dtype (float32: greedy SD is token-identical to greedy decoding)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the zoo reports a first-run conversion
@@ -47,8 +51,11 @@ def main(argv: list[str] | None = None) -> dict:
     draft = AutoModelForCausalLM.from_pretrained(draft_path, dtype=torch.bfloat16).eval()
     print(f"loaded {args.target} and {args.draft} in {time.perf_counter() - begin:.1f} s")
     messages = [{"role": "user", "content": args.prompt}]
-    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                           return_dict=True) if tokenizer.chat_template else tokenizer(args.prompt, return_tensors="pt", return_token_type_ids=False)
+    inputs = (
+        tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        if tokenizer.chat_template
+        else tokenizer(args.prompt, return_tensors="pt", return_token_type_ids=False)
+    )
     T = inputs["input_ids"].shape[1]
 
     def timed(label: str, fn) -> torch.Tensor:
@@ -60,24 +67,40 @@ def main(argv: list[str] | None = None) -> dict:
         return ids
 
     # 2. the reference: transformers' greedy decoding of the target alone
-    plain = timed("target.generate (greedy)", lambda: target.generate(
-        **inputs, max_new_tokens=args.max_new_tokens, do_sample=False))
+    plain = timed(
+        "target.generate (greedy)",
+        lambda: target.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False),
+    )
 
     # 3. VIA-SD with the slim tier off: lossless SD, token for token the target's greedy output
     lossless = vsd.build(target, draft, routing=args.routing, policy=None, tokenizer=tokenizer)
-    sd_ids = timed(f"{lossless.method} (build + generate)", lambda: lossless.generate(
-        **inputs, max_new_tokens=args.max_new_tokens, streamer=vsd.TokenProgress(args.max_new_tokens)))
-    hooked = timed("generate(custom_generate=...)", lambda: target.generate(
-        **inputs, custom_generate=lossless, max_new_tokens=args.max_new_tokens, do_sample=False))
+    sd_ids = timed(
+        f"{lossless.method} (build + generate)",
+        lambda: lossless.generate(
+            **inputs, max_new_tokens=args.max_new_tokens, streamer=vsd.TokenProgress(args.max_new_tokens)
+        ),
+    )
+    hooked = timed(
+        "generate(custom_generate=...)",
+        lambda: target.generate(
+            **inputs, custom_generate=lossless, max_new_tokens=args.max_new_tokens, do_sample=False
+        ),
+    )
 
     # 4. VIA-SD's three tiers: the routed slim verifier settles confident tokens without the target
     tiered = vsd.build(target, draft, routing=args.routing, policy=tuple(args.policy), tokenizer=tokenizer)
-    out = tiered.generate(**inputs, max_new_tokens=args.max_new_tokens, return_dict_in_generate=True,
-                          streamer=vsd.TokenProgress(args.max_new_tokens, desc=tiered.method))
+    out = tiered.generate(
+        **inputs,
+        max_new_tokens=args.max_new_tokens,
+        return_dict_in_generate=True,
+        streamer=vsd.TokenProgress(args.max_new_tokens, desc=tiered.method),
+    )
     stats = out.stats
-    print(f"{tiered.method:<34} {stats.new_tokens:4d} tokens {stats.seconds:6.2f} s {stats.tokens_per_second:6.2f} tok/s"
-          f" | tiers {dict(stats.tier_counts)} | forward calls "
-          + ", ".join(f"{name} {c.calls}" for name, c in stats.model_calls.items()))
+    print(
+        f"{tiered.method:<34} {stats.new_tokens:4d} tokens {stats.seconds:6.2f} s {stats.tokens_per_second:6.2f} tok/s"
+        f" | tiers {dict(stats.tier_counts)} | forward calls "
+        + ", ".join(f"{name} {c.calls}" for name, c in stats.model_calls.items())
+    )
 
     same = {"lossless SD": torch.equal(sd_ids, plain), "custom_generate": torch.equal(hooked, plain)}
     agreement = _agreement(out.sequences[0, T:], plain[0, T:])

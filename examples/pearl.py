@@ -46,15 +46,22 @@ def main(argv: list[str] | None = None) -> dict:
     draft = AutoModelForCausalLM.from_pretrained(vsd.pretrained_path(args.draft), dtype=torch.bfloat16).eval()
     print(f"loaded {args.target} and {args.draft} in {time.perf_counter() - begin:.1f} s")
     if tokenizer.chat_template:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], tokenize=False,
-                                             add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": args.prompt}], tokenize=False, add_generation_prompt=True
+        )
         input_ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
     else:
         input_ids = tokenizer(args.prompt, return_tensors="pt").input_ids
     T = input_ids.shape[1]
 
-    pearl_options = dict(framework="pearl", window_size=args.window_size, backend=args.backend,
-                         draft_threads=args.draft_threads, target_threads=args.target_threads, tokenizer=tokenizer)
+    pearl_options = dict(
+        framework="pearl",
+        window_size=args.window_size,
+        backend=args.backend,
+        draft_threads=args.draft_threads,
+        target_threads=args.target_threads,
+        tokenizer=tokenizer,
+    )
     runs = {
         "plain": vsd.build(target, draft, policy=None, **pearl_options),
         "tiered": vsd.build(target, draft, routing=args.routing, policy=tuple(args.policy), **pearl_options),
@@ -72,11 +79,16 @@ def main(argv: list[str] | None = None) -> dict:
             out = generator.generate(input_ids, max_new_tokens=args.max_new_tokens, return_dict_in_generate=True)
             s = out.stats
             identical = torch.equal(out.sequences, reference)
-            print(f"{generator.method:<18} {s.new_tokens:4d} tokens {s.seconds:6.2f} s {s.tokens_per_second:6.2f} tok/s"
-                  f" | accepted length {s.mean_accepted_length:.2f} | tiers {dict(s.tier_counts)}"
-                  f" | identical to AR: {identical}")
-            results[name] = {"identical": identical, "tiers": dict(s.tier_counts), "text":
-                             tokenizer.decode(out.new_tokens, skip_special_tokens=True)}
+            print(
+                f"{generator.method:<18} {s.new_tokens:4d} tokens {s.seconds:6.2f} s {s.tokens_per_second:6.2f} tok/s"
+                f" | accepted length {s.mean_accepted_length:.2f} | tiers {dict(s.tier_counts)}"
+                f" | identical to AR: {identical}"
+            )
+            results[name] = {
+                "identical": identical,
+                "tiers": dict(s.tier_counts),
+                "text": tokenizer.decode(out.new_tokens, skip_special_tokens=True),
+            }
     finally:
         for generator in runs.values():
             generator.close()  # stop PEARL's draft workers

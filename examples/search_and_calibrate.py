@@ -39,14 +39,18 @@ def command(name: str, *overrides: str) -> None:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-pair", default="qwen2.5-coder-0.5b-1.5b", help="a model_pair config name")
-    parser.add_argument("--search", default="layers", help="a conf/search/ option: layers (a real search), quick, blocks")
+    parser.add_argument(
+        "--search", default="layers", help="a conf/search/ option: layers (a real search), quick, blocks"
+    )
     parser.add_argument("--budget", type=int, default=4, help="decoder layers to skip")
     parser.add_argument("--name", default=None, help="option name of the results (default: <model_pair>-<budget>l)")
     parser.add_argument("--agreement", type=float, default=0.98, help="calibration's quality target")
     parser.add_argument("--prompt", default="Write a Python function that reverses the words of a sentence.")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for every step")
-    parser.add_argument("--out-dir", type=Path, default=Path("outputs/examples") / time.strftime("search-%Y%m%d-%H%M%S"))
+    parser.add_argument(
+        "--out-dir", type=Path, default=Path("outputs/examples") / time.strftime("search-%Y%m%d-%H%M%S")
+    )
     parser.add_argument("--search-overrides", nargs="*", default=[], help="more viasd-search overrides")
     parser.add_argument("--calibrate-overrides", nargs="*", default=[], help="more viasd-calibrate overrides")
     args = parser.parse_args(argv)
@@ -54,19 +58,41 @@ def main(argv: list[str] | None = None) -> dict:
     threads = [f"runtime.threads={args.threads}"] if args.threads else []
 
     # 1. the mask
-    command("search", f"model_pair={args.model_pair}", f"search={args.search}", f"search.budget.amount={args.budget}",
-            f"mask_name={name}", f"out_dir={args.out_dir / 'search'}", *threads, *args.search_overrides)
+    command(
+        "search",
+        f"model_pair={args.model_pair}",
+        f"search={args.search}",
+        f"search.budget.amount={args.budget}",
+        f"mask_name={name}",
+        f"out_dir={args.out_dir / 'search'}",
+        *threads,
+        *args.search_overrides,
+    )
     # 2. the thresholds for that mask
-    command("calibrate", f"model_pair={args.model_pair}", f"routing={name}", f"output_name={name}",
-            f"target_agreement={args.agreement}", f"out_dir={args.out_dir / 'calibrate'}", *threads,
-            *args.calibrate_overrides)
+    command(
+        "calibrate",
+        f"model_pair={args.model_pair}",
+        f"routing={name}",
+        f"output_name={name}",
+        f"target_agreement={args.agreement}",
+        f"out_dir={args.out_dir / 'calibrate'}",
+        *threads,
+        *args.calibrate_overrides,
+    )
     # 3a. both, from the command line
     prompt_file = args.out_dir / "prompt.txt"
     prompt_file.parent.mkdir(parents=True, exist_ok=True)
     prompt_file.write_text(args.prompt, encoding="utf-8")
-    command("generate", f"model_pair={args.model_pair}", "verifier=tiered", f"routing={name}", f"policy={name}",
-            f"prompt_file={prompt_file}", f"max_new_tokens={args.max_new_tokens}",
-            *([f"runtime.threads={args.threads}"] if args.threads else []))
+    command(
+        "generate",
+        f"model_pair={args.model_pair}",
+        "verifier=tiered",
+        f"routing={name}",
+        f"policy={name}",
+        f"prompt_file={prompt_file}",
+        f"max_new_tokens={args.max_new_tokens}",
+        *([f"runtime.threads={args.threads}"] if args.threads else []),
+    )
 
     # 3b. both, from Python: the names resolve in the user config directory
     import torch

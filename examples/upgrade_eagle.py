@@ -34,8 +34,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="smollm2-135m-instruct", help="target folder (or an offline zoo name)")
     parser.add_argument("--head", default="smollm2-135m-instruct", help="EAGLE head folder (or a shipped head's name)")
-    parser.add_argument("--routing", default="smollm2-135m-2l",
-                        help="routing mask: a YAML path or a shipped mask's name (default: SmolLM2's DIMR mask, 2 layers)")
+    parser.add_argument(
+        "--routing",
+        default="smollm2-135m-2l",
+        help="routing mask: a YAML path or a shipped mask's name (default: SmolLM2's DIMR mask, 2 layers)",
+    )
     parser.add_argument("--policy", nargs=2, type=float, default=(0.9, 0.9), metavar=("TAU_ACCEPT", "TAU_SLIM"))
     parser.add_argument("--prompt", default="Explain in two sentences why the sky is blue.")
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -46,8 +49,8 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
 
     from viasd_adapters import pretrained_path, routing_mask
-    from viasd_adapters.third_party.eagle import load_ea_model
     from viasd_adapters.hosts.eagle import TieredEagle, resolve_head
+    from viasd_adapters.third_party.eagle import load_ea_model
     from viasd_adapters.verify import ConfidencePolicy
 
     # --- the existing deployment (eagle-llm; our loader also handles non-Llama targets, see
@@ -55,8 +58,9 @@ def main(argv: list[str] | None = None) -> dict:
     with step(f"loading {args.base} with the EAGLE head {args.head}"):
         model = load_ea_model(pretrained_path(args.base), resolve_head(args.head), dtype=torch.float32)
     if model.tokenizer.chat_template:
-        ids = model.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}],
-                                                  add_generation_prompt=True, return_tensors="pt")
+        ids = model.tokenizer.apply_chat_template(
+            [{"role": "user", "content": args.prompt}], add_generation_prompt=True, return_tensors="pt"
+        )
     else:  # a base model: the prompt as it is
         ids = model.tokenizer(args.prompt, return_tensors="pt").input_ids
     T = ids.shape[1]
@@ -74,19 +78,24 @@ def main(argv: list[str] | None = None) -> dict:
     generate("stock EAGLE", model)
 
     # --- the upgrade: wrap the same EaModel; eagenerate keeps its signature
-    model = TieredEagle(model, routing=routing_mask(args.routing), policy=ConfidencePolicy(tau_accept=args.policy[0],
-                        tau_slim=args.policy[1]))
+    model = TieredEagle(
+        model,
+        routing=routing_mask(args.routing),
+        policy=ConfidencePolicy(tau_accept=args.policy[0], tau_slim=args.policy[1]),
+    )
     generate("VIA-SD EAGLE", model)
     calls = {name: c.calls for name, c in model.stats.items()}
     print(f"  forward calls: {calls}")
 
-    decode = lambda out: model.tokenizer.decode(out[0, T:], skip_special_tokens=True)  # noqa: E731
+    decode = lambda out: model.tokenizer.decode(out[0, T:], skip_special_tokens=True)
     stock, tiered = runs["stock EAGLE"]["ids"], runs["VIA-SD EAGLE"]["ids"]
     n = min(stock.shape[1], tiered.shape[1]) - T
-    agreement = float((stock[0, T:T + n] == tiered[0, T:T + n]).float().mean()) if n > 0 else 1.0
+    agreement = float((stock[0, T : T + n] == tiered[0, T : T + n]).float().mean()) if n > 0 else 1.0
     print(f"\nstock EAGLE : {decode(stock)}\nVIA-SD EAGLE: {decode(tiered)}")
-    print(f"token agreement with stock EAGLE: {agreement:.3f}; speed ratio (stock time / VIA-SD time):"
-          f" {runs['stock EAGLE']['seconds'] / runs['VIA-SD EAGLE']['seconds']:.2f} (one run: noisy)")
+    print(
+        f"token agreement with stock EAGLE: {agreement:.3f}; speed ratio (stock time / VIA-SD time):"
+        f" {runs['stock EAGLE']['seconds'] / runs['VIA-SD EAGLE']['seconds']:.2f} (one run: noisy)"
+    )
     return {"agreement": agreement, "calls": calls, "tokens": {k: v["ids"].shape[1] - T for k, v in runs.items()}}
 
 

@@ -51,8 +51,9 @@ def tiny_pair_config(*overrides: str):
     """The `tiny-random` model pair config (fp32 by default), as the CLIs compose it."""
     from tests.test_configs import compose_generate
 
-    return compose_generate("model_pair=tiny-random", "runtime.dtype=float32", "runtime.draft_dtype=float32",
-                            *overrides).model_pair
+    return compose_generate(
+        "model_pair=tiny-random", "runtime.dtype=float32", "runtime.draft_dtype=float32", *overrides
+    ).model_pair
 
 
 @pytest.fixture(scope="session")

@@ -78,11 +78,20 @@ def test_greedy_output_equals_transformers_generate(pair, reference, kwargs, met
 def test_custom_generate_function_and_local_repository_equal_generate(pair, reference):
     target, draft = pair
     for hook in (vsd.custom_generate, str(CUSTOM_GENERATE_DIR)):
-        out = target.model.generate(PROMPT, attention_mask=torch.ones_like(PROMPT), custom_generate=hook,
-                                    draft=draft, routing=MASK, policy=None, max_new_tokens=40, pad_token_id=0)
+        out = target.model.generate(
+            PROMPT,
+            attention_mask=torch.ones_like(PROMPT),
+            custom_generate=hook,
+            draft=draft,
+            routing=MASK,
+            policy=None,
+            max_new_tokens=40,
+            pad_token_id=0,
+        )
         assert torch.equal(out, reference)
-    lookup = target.model.generate(PROMPT, custom_generate=vsd.custom_generate, draft="lookup",
-                                   max_new_tokens=40, pad_token_id=0)
+    lookup = target.model.generate(
+        PROMPT, custom_generate=vsd.custom_generate, draft="lookup", max_new_tokens=40, pad_token_id=0
+    )
     assert torch.equal(lookup, reference)
 
 
@@ -91,8 +100,9 @@ def test_prompt_lookup_and_pearl_equal_generate(pair, reference):
     lookup = vsd.build(target.model, "lookup")
     assert lookup.method == "prompt-lookup SD"
     assert torch.equal(lookup.generate(PROMPT, max_new_tokens=40), reference)
-    pearl = vsd.build(target.model, draft, framework="pearl", backend="thread", window_size=3,
-                      routing=MASK, policy=ALL_ESCALATE)
+    pearl = vsd.build(
+        target.model, draft, framework="pearl", backend="thread", window_size=3, routing=MASK, policy=ALL_ESCALATE
+    )
     try:
         assert pearl.method == "VIA-SD on PEARL"
         assert torch.equal(pearl.generate(PROMPT, max_new_tokens=40), reference)
@@ -130,8 +140,7 @@ def test_eagle_head_equals_generate(tmp_path):
 def test_eagle_gets_the_tier_options(tmp_path):
     """`build` once dropped `rejudge` on the way to EAGLE's tree path."""
     target, head = _eagle_target(tmp_path)
-    generator = vsd.build(target, vsd.EagleHead(head), routing=MASK, policy=(0.5, 0.5), rejudge=False,
-                          max_unverified=5)
+    generator = vsd.build(target, vsd.EagleHead(head), routing=MASK, policy=(0.5, 0.5), rejudge=False, max_unverified=5)
     verifier = generator.decoder.verifier  # the TieredVerifier EAGLE's tree goes to
     assert (verifier.rejudge, verifier.max_unverified, verifier.policy.tau_slim) == (False, 5, 0.5)
     assert tuple(verifier.slim.model.mask.skip_layers) == tuple(MASK.skip_layers) == (2,)
@@ -140,7 +149,9 @@ def test_eagle_gets_the_tier_options(tmp_path):
 
 def test_a_verifier_eagle_cannot_run_is_refused_before_its_head_loads(pair, tmp_path):
     target, _ = pair
-    with pytest.raises(ValueError, match=r"^EAGLE does not honour the verifier's share_prefix: pass share_prefix=False$"):
+    with pytest.raises(
+        ValueError, match=r"^EAGLE does not honour the verifier's share_prefix: pass share_prefix=False$"
+    ):
         vsd.build(target.model, vsd.EagleHead(tmp_path / "no-head-here"), routing=MASK, share_prefix=True)
 
 
@@ -155,17 +166,18 @@ def test_via_sd_tiers_settle_tokens_without_the_target(pair):
 # ----------------------------------------------------------------------------- stopping and output
 def test_stops_at_every_eos_of_the_generation_config(reference):
     target = tiny(seed=0)
-    new = reference[0, PROMPT.shape[1]:].tolist()
+    new = reference[0, PROMPT.shape[1] :].tolist()
     stop = new[6]
     first = new.index(stop)
     target.model.generation_config.eos_token_id = [256, stop]  # a list: all of them stop
     generator = vsd.build(target.model, perturbed(target.model, 0.02))
     assert generator.stop_token_ids == (256, stop)
     out = generator.generate(PROMPT, max_new_tokens=40)
-    assert out[0, PROMPT.shape[1]:].tolist() == new[: first + 1]
+    assert out[0, PROMPT.shape[1] :].tolist() == new[: first + 1]
     expected = target.model.generate(PROMPT, max_new_tokens=40, pad_token_id=0)
-    assert torch.equal(target.model.generate(PROMPT, custom_generate=generator, max_new_tokens=40, pad_token_id=0),
-                       expected)
+    assert torch.equal(
+        target.model.generate(PROMPT, custom_generate=generator, max_new_tokens=40, pad_token_id=0), expected
+    )
     assert torch.equal(out, expected)
     # eos_token_id overrides per call, as in generate
     assert generator.generate(PROMPT, max_new_tokens=40, eos_token_id=[]).shape[1] == PROMPT.shape[1] + 40
@@ -174,8 +186,9 @@ def test_stops_at_every_eos_of_the_generation_config(reference):
 def test_return_dict_streamer_and_text(pair, reference):
     target, draft = pair
     generator = vsd.build(target, draft)  # a zoo LoadedModel brings its tokenizer
-    out = target.model.generate(PROMPT, custom_generate=generator, max_new_tokens=40, pad_token_id=0,
-                                return_dict_in_generate=True)
+    out = target.model.generate(
+        PROMPT, custom_generate=generator, max_new_tokens=40, pad_token_id=0, return_dict_in_generate=True
+    )
     assert isinstance(out, ViasdGenerateOutput) and torch.equal(out.sequences, reference)
     assert out.stats.new_tokens == 40 and out.method == "SD"
 
@@ -192,12 +205,12 @@ def test_return_dict_streamer_and_text(pair, reference):
     streamer = Collect()
     generator.generate(PROMPT, max_new_tokens=40, streamer=streamer)
     assert streamer.chunks[0] == PROMPT[0].tolist() and streamer.chunks[-1] == "end"
-    assert sum(streamer.chunks[1:-1], []) == reference[0, PROMPT.shape[1]:].tolist()
+    assert sum(streamer.chunks[1:-1], []) == reference[0, PROMPT.shape[1] :].tolist()
     assert len(streamer.chunks) < 40  # several tokens per commit
 
     text = generator.generate_text("héllo", max_new_tokens=12)
     ids = target.tokenizer("héllo", return_tensors="pt").input_ids
-    expected = target.model.generate(ids, max_new_tokens=12, pad_token_id=0)[0, ids.shape[1]:]
+    expected = target.model.generate(ids, max_new_tokens=12, pad_token_id=0)[0, ids.shape[1] :]
     assert text == target.tokenizer.decode(expected, skip_special_tokens=True)
 
 
@@ -238,8 +251,17 @@ def test_sampled_first_token_follows_the_tempered_top_k_target(pair):
     n = 200
     counts = Counter()
     for seed in range(n):  # 2 new tokens: the first is the verdict on one draft token
-        out = target.model.generate(PROMPT, custom_generate=generator, do_sample=True, temperature=0.8, top_k=4,
-                                    top_p=1.0, max_new_tokens=2, seed=seed, pad_token_id=0)
+        out = target.model.generate(
+            PROMPT,
+            custom_generate=generator,
+            do_sample=True,
+            temperature=0.8,
+            top_k=4,
+            top_p=1.0,
+            max_new_tokens=2,
+            seed=seed,
+            pad_token_id=0,
+        )
         counts[int(out[0, PROMPT.shape[1]])] += 1
     assert set(counts) <= set(top.indices.tolist())
     chi2 = sum((counts[int(t)] - n * float(p)) ** 2 / (n * float(p)) for t, p in zip(top.indices, expected))

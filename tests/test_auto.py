@@ -13,16 +13,24 @@ from viasd_adapters.cli.generate import run
 from viasd_adapters.costs import LatencyEntry, LatencyProfile, chosen_draft_variant, default_profile_path
 
 NAME = "tiny-random"  # draft and target of the tiny pair share the name; the variant tells them apart
-TINY = ("model_pair=tiny-random", "runtime.dtype=float32", "runtime.draft_dtype=float32", "prompt=Hello there",
-        "max_new_tokens=24")
+TINY = (
+    "model_pair=tiny-random",
+    "runtime.dtype=float32",
+    "runtime.draft_dtype=float32",
+    "prompt=Hello there",
+    "max_new_tokens=24",
+)
 
 
 def write_profile(tmp_path, monkeypatch, int8_draft_ms: float) -> None:
     monkeypatch.setenv("VIASD_CACHE", str(tmp_path))
     threads = torch.get_num_threads()
     costs = {"float32": {1: 100.0, 4: 104.0, 8: 108.0}, "float32+int8-weight": {1: int8_draft_ms}}
-    LatencyProfile(entries=[LatencyEntry(NAME, dtype, threads, 256, n, ms)
-                            for dtype, row in costs.items() for n, ms in row.items()]).save(default_profile_path())
+    LatencyProfile(
+        entries=[
+            LatencyEntry(NAME, dtype, threads, 256, n, ms) for dtype, row in costs.items() for n, ms in row.items()
+        ]
+    ).save(default_profile_path())
 
 
 def test_a_cheap_int8_drafter_is_chosen_and_drafts(tmp_path, monkeypatch):

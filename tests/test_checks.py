@@ -36,8 +36,16 @@ BAD = [  # (command, overrides, what the error must say)
     ("generate", ["runtime.dtype=int8", "runtime.device=meta"], "runtime.dtype=int8: its W8A8 kernels .* CPUs only"),
     ("generate", ["runtime.device=gpu"], "is not a torch device"),
     ("generate", ["runtime.compile=sometimes"], "runtime.compile='sometimes': use true, false or auto"),
-    ("generate", ["framework=ar", "verifier=tiered"], "framework=ar .* takes no verifier.*framework=sd verifier=tiered"),
-    ("generate", ["verifier=full", "policy.tau_accept=0.5"], "no decoder of this run reads the policy.*verifier=tiered"),
+    (
+        "generate",
+        ["framework=ar", "verifier=tiered"],
+        "framework=ar .* takes no verifier.*framework=sd verifier=tiered",
+    ),
+    (
+        "generate",
+        ["verifier=full", "policy.tau_accept=0.5"],
+        "no decoder of this run reads the policy.*verifier=tiered",
+    ),
     ("generate", ["framework=ar", "policy=default"], "no decoder of this run reads the policy"),
     ("generate", ["verifier=full", "routing=qwen2.5-coder-1.5b-2l"], "no decoder of this run reads the routing"),
     ("generate", ["verifier=tiered", "verifier.policy=null", "policy.tau_slim=0.5"], "tiers are off"),
@@ -53,11 +61,23 @@ BAD = [  # (command, overrides, what the error must say)
     ("generate", ["framework=pearl", "framework.decoder.backend=gpu"], "backend must be one of"),
     ("generate", ["framework=lookup", "framework.drafter.min_ngram=0"], "min_ngram"),
     ("generate", ["verifier=faster-cascade", "verifier.alpha=-1"], "alpha must be >= 0"),
-    ("generate", ["model_pair=tiny-random", "framework=llama-cpp"], "only the offline zoo models install one; 'tiny-random' is not"),
+    (
+        "generate",
+        ["model_pair=tiny-random", "framework=llama-cpp"],
+        "only the offline zoo models install one; 'tiny-random' is not",
+    ),
     ("generate", ["framework=llama-cpp", "framework.decoder.n_ctx=0"], "n_ctx must be >= 1"),
     ("generate", ["framework=llama-cpp", "verifier=tiered"], "framework=llama-cpp .* takes no verifier"),
-    ("generate", ["runtime.draft_dtype=int8", "framework=sd-fast"], "int8 linear layers already.*framework.drafter.quantize=null"),
-    ("bench", ["runtime.draft_dtype=int8", "method=[ar,sd-int8]"], "method.sd-int8.framework.drafter.quantize=int8-weight has nothing"),
+    (
+        "generate",
+        ["runtime.draft_dtype=int8", "framework=sd-fast"],
+        "int8 linear layers already.*framework.drafter.quantize=null",
+    ),
+    (
+        "bench",
+        ["runtime.draft_dtype=int8", "method=[ar,sd-int8]"],
+        "method.sd-int8.framework.drafter.quantize=int8-weight has nothing",
+    ),
     ("bench", ["repetitions=0"], "repetitions must be a whole number >= 1"),
     ("bench", ["method=[ar,tiered]", "routing=none"], "tiered: the routing mask skips no layer"),
     ("bench", ["method=[ar,sd]", "policy.tau_accept=0.5"], "no decoder of this run reads the policy"),
@@ -71,12 +91,21 @@ def test_bad_setting_is_refused_with_the_fix(command, overrides, message):
         check_config(composed(command, overrides), overrides)
 
 
-@pytest.mark.parametrize("overrides", [
-    [], ["framework=ar"], ["verifier=tiered"], ["verifier=tiered", "policy.tau_accept=0.5"],
-    ["verifier=tiered", "verifier.policy=null"], ["framework=pearl", "verifier=tiered", "routing=qwen2.5-coder-1.5b-2l"],
-    ["framework=lookup", "verifier=tiered-intermediate"], ["framework=cascade", "verifier=faster-cascade"],
-    ["model_pair=smollm2-135m", "framework=eagle"], ["sampling.temperature=0.7", "sampling.top_k=40", "sampling.top_p=0.9"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["framework=ar"],
+        ["verifier=tiered"],
+        ["verifier=tiered", "policy.tau_accept=0.5"],
+        ["verifier=tiered", "verifier.policy=null"],
+        ["framework=pearl", "verifier=tiered", "routing=qwen2.5-coder-1.5b-2l"],
+        ["framework=lookup", "verifier=tiered-intermediate"],
+        ["framework=cascade", "verifier=faster-cascade"],
+        ["model_pair=smollm2-135m", "framework=eagle"],
+        ["sampling.temperature=0.7", "sampling.top_k=40", "sampling.top_p=0.9"],
+    ],
+)
 def test_good_settings_pass(overrides):
     check_config(composed("generate", overrides), overrides)
 
@@ -91,11 +120,14 @@ def placeholder_profile(tmp_path, monkeypatch):
 
     monkeypatch.setenv("VIASD_CACHE", str(tmp_path))
     threads = torch.get_num_threads()
-    LatencyProfile(entries=[
-        LatencyEntry(model, dtype, threads, 256, n, 100.0 + n)
-        for model in ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
-        for dtype in ("float32", "bfloat16", "bfloat16+int8-weight") for n in (1, 16)
-    ]).save(default_profile_path())
+    LatencyProfile(
+        entries=[
+            LatencyEntry(model, dtype, threads, 256, n, 100.0 + n)
+            for model in ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
+            for dtype in ("float32", "bfloat16", "bfloat16+int8-weight")
+            for n in (1, 16)
+        ]
+    ).save(default_profile_path())
 
 
 def test_every_shipped_method_passes(placeholder_profile):
@@ -138,27 +170,48 @@ def test_the_refused_framework_verifier_pairs_are_exactly_these(placeholder_prof
                 check_config(composed("generate", overrides), overrides)
             except ValueError as err:
                 refused[framework, verifier] = str(err)
-    no_verifier = {(framework, verifier) for framework in ("ar", "llama-cpp")
-                   for verifier in ("tiered", "tiered-intermediate", "faster-cascade")}
+    no_verifier = {
+        (framework, verifier)
+        for framework in ("ar", "llama-cpp")
+        for verifier in ("tiered", "tiered-intermediate", "faster-cascade")
+    }
     if importlib.util.find_spec("llama_cpp") is None:  # refused with every verifier: the extra is missing
         no_verifier |= {("llama-cpp", "full")}
     assert set(refused) == no_verifier | {("eagle", "tiered-intermediate"), ("eagle", "faster-cascade")}
     assert refused["eagle", "faster-cascade"] == (
         "framework=eagle (EAGLE) runs verifier=full (stock EAGLE) or verifier=tiered (VIA-SD on a routed view of"
         " the target's own layers), not verifier=faster-cascade: pick one of those, or framework=sd or"
-        " framework=pearl for verifier=faster-cascade")
+        " framework=pearl for verifier=faster-cascade"
+    )
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["framework=eagle", "verifier=tiered-intermediate"], "runs verifier=full .* not verifier=tiered-intermediate"),
-    (["framework=eagle", "verifier=tiered", "verifier.share_prefix=true"],
-     r"^framework=eagle \(EAGLE\) does not honour the verifier's share_prefix: set verifier.share_prefix=false$"),
-    (["framework=eagle", "verifier=tiered", "+verifier.gate._target_=viasd_adapters.verify.gate.DraftConfidenceGate"],
-     "does not honour the verifier's gate: set verifier.gate=null"),
-    (["framework=eagle", "+framework.drafter._target_=viasd_adapters.draft.PromptLookupDrafter"],
-     r"framework=eagle \(EAGLE\) drafts for itself: set framework.drafter=null"),
-    (["framework=sd", "framework.drafter=null"], r"framework=sd \(SD\) drafts with framework.drafter, which is null"),
-], ids=["intermediate", "share-prefix", "gate", "drafter", "no-drafter"])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["framework=eagle", "verifier=tiered-intermediate"], "runs verifier=full .* not verifier=tiered-intermediate"),
+        (
+            ["framework=eagle", "verifier=tiered", "verifier.share_prefix=true"],
+            r"^framework=eagle \(EAGLE\) does not honour the verifier's share_prefix: set verifier.share_prefix=false$",
+        ),
+        (
+            [
+                "framework=eagle",
+                "verifier=tiered",
+                "+verifier.gate._target_=viasd_adapters.verify.gate.DraftConfidenceGate",
+            ],
+            "does not honour the verifier's gate: set verifier.gate=null",
+        ),
+        (
+            ["framework=eagle", "+framework.drafter._target_=viasd_adapters.draft.PromptLookupDrafter"],
+            r"framework=eagle \(EAGLE\) drafts for itself: set framework.drafter=null",
+        ),
+        (
+            ["framework=sd", "framework.drafter=null"],
+            r"framework=sd \(SD\) drafts with framework.drafter, which is null",
+        ),
+    ],
+    ids=["intermediate", "share-prefix", "gate", "drafter", "no-drafter"],
+)
 def test_a_framework_its_host_cannot_run_is_refused_before_any_model_loads(monkeypatch, overrides, message):
     """These were refused only after the models had loaded (or, for a drafter, ignored)."""
     import viasd_adapters.models as models
@@ -176,8 +229,18 @@ def test_a_framework_its_host_cannot_run_is_refused_before_any_model_loads(monke
 def test_the_console_script_reads_its_overrides(tmp_path):
     """`@hydra.main` passes the command line to the check: an unused policy override is refused."""
     out = subprocess.run(
-        [sys.executable, "-m", "viasd_adapters.cli.generate", "model_pair=tiny-random", "verifier=full",
-         "max_new_tokens=4", "policy.tau_accept=0.5"], capture_output=True, text=True, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "viasd_adapters.cli.generate",
+            "model_pair=tiny-random",
+            "verifier=full",
+            "max_new_tokens=4",
+            "policy.tau_accept=0.5",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},  # this checkout, not an installed copy
     )
     assert out.returncode != 0 and "no decoder of this run reads the policy" in out.stderr
@@ -192,6 +255,8 @@ def test_a_temperature_that_overflows_these_logits_is_a_clear_error():
 
 def test_the_llama_cpp_method_without_its_extra_is_refused_with_the_install_command(monkeypatch):
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else find_spec(name, *a)
+    )
     with pytest.raises(ValueError, match=r"needs llama-cpp-python: pip install 'viasd-adapters\[llama-cpp\]'"):
         check_config(composed("bench", ["method=[ar,llama-cpp]"]), [])

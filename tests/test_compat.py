@@ -55,7 +55,11 @@ def test_a_registry_is_extended_by_value_never_in_place():
 
 def test_capabilities_refuse_what_a_host_cannot_do():
     greedy_only = HostSpec("g", "G", "x.G", ("target",), sampling=False, int8=False, streams=False)
-    for asked, fix in (("sampled", "temperature to 0"), ("int8", "runtime.dtype=bfloat16"), ("streamed", "drop the streamer")):
+    for asked, fix in (
+        ("sampled", "temperature to 0"),
+        ("int8", "runtime.dtype=bfloat16"),
+        ("streamed", "drop the streamer"),
+    ):
         with pytest.raises(ValueError, match=f"^G .*{fix}"):
             greedy_only.check_capabilities(**{asked: True})
     greedy_only.check_capabilities()

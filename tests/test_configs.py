@@ -7,8 +7,8 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from viasd_adapters.models import ModelSpec
 from viasd_adapters.configs import CONFIG_DIR
+from viasd_adapters.models import ModelSpec
 
 CONF = Path(CONFIG_DIR)
 
@@ -61,7 +61,9 @@ def test_policies_instantiate(policy):
     assert isinstance(instantiate(cfg.policy), TierPolicy)
 
 
-@pytest.mark.parametrize("framework", ["ar", "sd", "lookup", "cascade", "sd-confident", "sd-vocab", "sd-int8", "sd-fast", "sd-adaptive-int8"])
+@pytest.mark.parametrize(
+    "framework", ["ar", "sd", "lookup", "cascade", "sd-confident", "sd-vocab", "sd-int8", "sd-fast", "sd-adaptive-int8"]
+)
 @pytest.mark.parametrize("verifier", ["full", "tiered", "tiered-intermediate", "faster-cascade"])
 def test_decoders_build_and_decode_on_the_tiny_pair(framework, verifier):
     from viasd_adapters.cli.generate import run
@@ -80,9 +82,9 @@ def test_decoders_build_and_decode_on_the_tiny_pair(framework, verifier):
 def test_every_benchmark_method_builds_on_the_tiny_pair(tmp_path, monkeypatch):
     import torch
 
+    from viasd_adapters.costs import LatencyEntry, LatencyProfile, default_profile_path
     from viasd_adapters.decode.schedule import AdaptiveDraftLength
     from viasd_adapters.pipeline import build_decoder, load_pair
-    from viasd_adapters.costs import LatencyEntry, LatencyProfile, default_profile_path
 
     # sd-adaptive reads this machine's latency profile: give it one for the tiny models
     monkeypatch.setenv("VIASD_CACHE", str(tmp_path))

@@ -28,8 +28,14 @@ def load_example(name: str):
 
 def run_script(name: str, *args: str, cwd: Path, config_dir: Path | None = None) -> str:
     env = dict(ENV, **({"VIASD_CONFIG_DIR": str(config_dir)} if config_dir else {}))
-    out = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), *args], capture_output=True, text=True,
-                         cwd=cwd, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / f"{name}.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout
 
@@ -54,8 +60,23 @@ def test_every_example_is_tested():
 
 def test_own_pair_in_python_and_through_generate(tiny_folders, tmp_path):
     target, draft = tiny_folders
-    args = ["--target", str(target), "--draft", str(draft), "--routing", "tiny-random-1l", "--policy", "0.0", "0.0",
-            "--prompt", "hello", "--max-new-tokens", "24", "--threads", "1"]
+    args = [
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--routing",
+        "tiny-random-1l",
+        "--policy",
+        "0.0",
+        "0.0",
+        "--prompt",
+        "hello",
+        "--max-new-tokens",
+        "24",
+        "--threads",
+        "1",
+    ]
     result = load_example("own_pair").main(args)
     assert result["identical"] == {"lossless SD": True, "custom_generate": True}
     assert result["tiers"].get("accept", 0) + result["tiers"].get("slim", 0) > 0  # the tiers did work
@@ -65,9 +86,25 @@ def test_own_pair_in_python_and_through_generate(tiny_folders, tmp_path):
 
 def test_pearl_with_and_without_tiers(tiny_folders, tmp_path):
     target, draft = tiny_folders
-    stdout = run_script("pearl", "--target", str(target), "--draft", str(draft), "--routing", "tiny-random-1l",
-                        "--policy", "1.0", "1.0", "--prompt", "hello", "--max-new-tokens", "24", "--backend", "thread",
-                        cwd=tmp_path)
+    stdout = run_script(
+        "pearl",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--routing",
+        "tiny-random-1l",
+        "--policy",
+        "1.0",
+        "1.0",
+        "--prompt",
+        "hello",
+        "--max-new-tokens",
+        "24",
+        "--backend",
+        "thread",
+        cwd=tmp_path,
+    )
     lines = stdout.splitlines()
     assert any(line.startswith("PEARL ") and line.endswith("identical to AR: True") for line in lines), stdout
     # thresholds of 1: the slim verifier runs and every token escalates, so this is lossless too
@@ -84,9 +121,25 @@ def test_upgrade_eagle_deployment(tmp_path):
     config = head_config(target.model.config, intermediate_size=96)
     torch.manual_seed(0)
     save_head(build_head(config), config, tmp_path / "head", full=False, compact=True)
-    stdout = run_script("upgrade_eagle", "--base", str(tmp_path / "target"), "--head", str(tmp_path / "head"),
-                        "--routing", "tiny-random-1l", "--policy", "0.0", "0.0", "--prompt", "hello",
-                        "--max-new-tokens", "24", "--threads", "1", cwd=tmp_path)
+    stdout = run_script(
+        "upgrade_eagle",
+        "--base",
+        str(tmp_path / "target"),
+        "--head",
+        str(tmp_path / "head"),
+        "--routing",
+        "tiny-random-1l",
+        "--policy",
+        "0.0",
+        "0.0",
+        "--prompt",
+        "hello",
+        "--max-new-tokens",
+        "24",
+        "--threads",
+        "1",
+        cwd=tmp_path,
+    )
     assert "stock EAGLE: eagenerate" in stdout and "VIA-SD EAGLE: eagenerate" in stdout
     assert stdout.count("done in") == 3  # loading and both generations report their time
     calls = eval(stdout.split("forward calls: ")[1].splitlines()[0])  # noqa: S307 - our own printout
@@ -97,10 +150,27 @@ def test_upgrade_eagle_deployment(tmp_path):
 def test_benchmark_your_own_prompt_file(tmp_path):
     prompts = tmp_path / "mine.txt"
     prompts.write_text("first prompt, with a comma = and an equals sign\n\nsecond prompt\n", encoding="utf-8")
-    stdout = run_script("benchmark_prompts", "--prompts", str(prompts), "--model-pair", "tiny-random",
-                        "--methods", "ar", "sd", "--max-new-tokens", "8", "--repetitions", "1",
-                        "--out-dir", str(tmp_path / "run"), "runtime.dtype=float32", "warmup=0", "plots=false",
-                        "progress=false", cwd=tmp_path)
+    stdout = run_script(
+        "benchmark_prompts",
+        "--prompts",
+        str(prompts),
+        "--model-pair",
+        "tiny-random",
+        "--methods",
+        "ar",
+        "sd",
+        "--max-new-tokens",
+        "8",
+        "--repetitions",
+        "1",
+        "--out-dir",
+        str(tmp_path / "run"),
+        "runtime.dtype=float32",
+        "warmup=0",
+        "plots=false",
+        "progress=false",
+        cwd=tmp_path,
+    )
     assert "running: viasd-bench model_pair=tiny-random task=jsonl" in stdout
     records = [line for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines() if line]
     assert len(records) == 2 * 2  # two methods, two prompts, one repetition
@@ -115,8 +185,9 @@ def test_readme_starts_with_a_working_five_line_quickstart(tmp_path):
     assert len(block.strip().splitlines()) == 5
     script = tmp_path / "quickstart.py"
     script.write_text(block, encoding="utf-8")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=ENV,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout.strip().lower()
     assert len(text.split()) > 10 and ("sky" in text or "blue" in text), text  # SmolLM2 answered the question
@@ -126,14 +197,37 @@ def test_search_and_calibrate_then_use_both(tmp_path):
     config_dir = tmp_path / "user-conf"  # where the results are installed, instead of ~/.config
     calibration = ["calibration.per_category=1", "calibration.max_new_tokens=8", "calibration.max_prompt_tokens=16"]
     stdout = run_script(
-        "search_and_calibrate", "--model-pair", "tiny-random", "--search", "quick", "--budget", "1", "--name", "mine",
-        "--max-new-tokens", "8", "--threads", "1", "--out-dir", str(tmp_path / "run"),
-        "--search-overrides", "search.config.num_random=2", "search.config.num_tpe=2", "progress=false", *calibration,
-        "--calibrate-overrides", "grid=[[0.9,0.9],[0.5,0.5]]", "max_new_tokens=8", "progress=false",
-        "prompts.per_category=1", "prompts.max_new_tokens=8",
+        "search_and_calibrate",
+        "--model-pair",
+        "tiny-random",
+        "--search",
+        "quick",
+        "--budget",
+        "1",
+        "--name",
+        "mine",
+        "--max-new-tokens",
+        "8",
+        "--threads",
+        "1",
+        "--out-dir",
+        str(tmp_path / "run"),
+        "--search-overrides",
+        "search.config.num_random=2",
+        "search.config.num_tpe=2",
+        "progress=false",
+        *calibration,
+        "--calibrate-overrides",
+        "grid=[[0.9,0.9],[0.5,0.5]]",
+        "max_new_tokens=8",
+        "progress=false",
+        "prompts.per_category=1",
+        "prompts.max_new_tokens=8",
         # the shipped calibration prompts are longer than the tiny models' default 512-token window
-        "+model_pair.target.tiny.max_position_embeddings=2048", "+model_pair.draft.tiny.max_position_embeddings=2048",
-        cwd=tmp_path, config_dir=config_dir,
+        "+model_pair.target.tiny.max_position_embeddings=2048",
+        "+model_pair.draft.tiny.max_position_embeddings=2048",
+        cwd=tmp_path,
+        config_dir=config_dir,
     )
     assert (config_dir / "routing" / "mine.yaml").is_file() and (config_dir / "policy" / "mine.yaml").is_file()
     assert (tmp_path / "run" / "search" / "mask.yaml").is_file()

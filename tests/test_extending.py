@@ -71,8 +71,11 @@ def test_a_host_takes_three_files_and_a_verifier_two(example):
     blocks, _, _ = example
     verifier = [p for p in blocks if "topk" in p]
     host = [p for p in blocks if p not in verifier]
-    assert sorted(host) == ["entry:viasd_adapters/hosts/registry.py", "file:conf/framework/block.yaml",
-                            "file:viasd_adapters/hosts/block.py"]
+    assert sorted(host) == [
+        "entry:viasd_adapters/hosts/registry.py",
+        "file:conf/framework/block.yaml",
+        "file:viasd_adapters/hosts/block.py",
+    ]
     assert sorted(verifier) == ["file:conf/verifier/topk.yaml", "file:viasd_adapters/verify/topk.py"]
 
 
@@ -104,8 +107,10 @@ def test_a_capability_the_host_lacks_is_refused(example, pair):
 def compose_generate(conf: Path, monkeypatch, *overrides: str):
     monkeypatch.setenv("VIASD_CONFIG_DIR", str(conf))  # the example's configs, as a user's own
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose(config_name="generate", overrides=["model_pair=tiny-random", "max_new_tokens=12",
-                                                          "progress=false", *overrides])
+        return compose(
+            config_name="generate",
+            overrides=["model_pair=tiny-random", "max_new_tokens=12", "progress=false", *overrides],
+        )
 
 
 def test_the_new_host_and_verifier_run_through_the_cli(example, monkeypatch):
@@ -122,8 +127,9 @@ def test_the_new_host_and_verifier_run_through_the_cli(example, monkeypatch):
     with pytest.raises(ValueError, match="is no host decoder of the registry"):
         check_config(compose_generate(conf, monkeypatch, "framework=block"), [])  # the shipped registry
     with pytest.raises(ValueError, match="BlockDecoder takes no setting 'blocks'"):
-        check_config(compose_generate(conf, monkeypatch, "framework=block", "+framework.decoder.blocks=2"), [],
-                     hosts=hosts)
+        check_config(
+            compose_generate(conf, monkeypatch, "framework=block", "+framework.decoder.blocks=2"), [], hosts=hosts
+        )
     eagle = compose_generate(conf, monkeypatch, "framework=eagle", "verifier=topk")
     with pytest.raises(ValueError, match="EAGLE.*not verifier=extending_topk.TopKVerifier"):
         check_config(eagle, [], hosts=hosts)

@@ -12,12 +12,15 @@ import torch
 from tests.test_configs import compose_generate
 from viasd_adapters.cli import generate
 from viasd_adapters.cli.generate import run
-from viasd_adapters.progress import TokenProgress
 from viasd_adapters.pipeline import Pipeline
+from viasd_adapters.progress import TokenProgress
 from viasd_adapters.sampling import SamplingConfig
 
 # Another working directory must still import this checkout, not an installed copy.
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]),
+}
 TINY = ("model_pair=tiny-random", "runtime.dtype=float32", "max_new_tokens=24")
 # Characters Hydra's override grammar and OmegaConf's interpolation would choke on.
 AWKWARD = "Explain: a=b, c=[1,2] {k: v} ${oops} \"quoted\" 'single' $HOME \\n é 漢字\nsecond line"
@@ -40,8 +43,15 @@ def test_the_tiny_pair_accepts_most_drafts_but_not_all(draft_dtype, temperature)
     prompts = ["hello", "The quick brown fox", "def f(x):"]
     drafted = accepted = 0
     for prompt in prompts:
-        out = run(compose_generate(*TINY, "max_new_tokens=48", f"runtime.draft_dtype={draft_dtype}",
-                                   f"sampling.temperature={temperature}", f"prompt='{prompt}'")).result
+        out = run(
+            compose_generate(
+                *TINY,
+                "max_new_tokens=48",
+                f"runtime.draft_dtype={draft_dtype}",
+                f"sampling.temperature={temperature}",
+                f"prompt='{prompt}'",
+            )
+        ).result
         drafted, accepted = drafted + out.stats.drafted, accepted + out.stats.accepted
     assert 0.4 < accepted / drafted < 0.9
 
@@ -132,7 +142,11 @@ def test_progress_bar_is_off_when_not_a_terminal_or_by_the_key(monkeypatch):
 def test_console_script_prints_text_and_method_line(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "viasd_adapters.cli.generate", *TINY, "prompt=hello", "verifier=tiered"],
-        capture_output=True, text=True, check=True, cwd=tmp_path, env=ENV,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+        env=ENV,
     )
     last = out.stdout.strip().splitlines()[-1]
     assert last.startswith("[VIA-SD on SD] new tokens 24 |")
@@ -143,7 +157,12 @@ def test_console_script_prints_text_and_method_line(tmp_path):
 def test_console_script_reads_the_prompt_from_stdin(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "viasd_adapters.cli.generate", *TINY, "prompt_file=-", "framework=ar"],
-        input=AWKWARD, capture_output=True, text=True, check=True, cwd=tmp_path, env=ENV,
+        input=AWKWARD,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+        env=ENV,
     )
     expected = run(compose_generate(*TINY, "framework=ar", f"prompt_file={_write(tmp_path, AWKWARD)}"))
     assert out.stdout.startswith(expected.text)

@@ -48,8 +48,11 @@ def installed(tmp_path_factory) -> dict[str, Path]:
     subprocess.run(build, cwd=src, check=True, capture_output=True)
     (wheel,) = (tmp / "dist").glob("*.whl")
     site = tmp / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(site),
-                    str(wheel)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
     work = tmp / "elsewhere"  # a working directory with nothing of the repository in it
     work.mkdir()
     return {"wheel": wheel, "site": site, "work": work, "user": tmp / "user-conf"}
@@ -65,8 +68,12 @@ def _setuptools_version() -> tuple[int, ...]:
 def run_installed(installed, *argv: str, script: str | None = None, hidden: Path | None = None) -> str:
     """Run the installed command (or python with `argv`); `hidden`: a folder searched first."""
     path = os.pathsep.join(str(p) for p in (hidden, installed["site"]) if p)
-    env = {**os.environ, "PYTHONPATH": path, "VIASD_CONFIG_DIR": str(installed["user"]),
-           "VIASD_CACHE": str(installed["work"] / "cache")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": path,
+        "VIASD_CONFIG_DIR": str(installed["user"]),
+        "VIASD_CACHE": str(installed["work"] / "cache"),
+    }
     command = [str(installed["site"] / "bin" / script), *argv] if script else [sys.executable, *argv]
     done = subprocess.run(command, cwd=installed["work"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
@@ -80,22 +87,37 @@ def tree_digest(folder: Path) -> str:
 
 def test_the_wheel_holds_only_the_package_its_data_and_license(installed):
     names = zipfile.ZipFile(installed["wheel"]).namelist()
-    assert {n.split("/")[0] for n in names} == {"viasd_adapters", f"viasd_adapters-{viasd_adapters.__version__}.dist-info"}
-    for data in ("conf/bench.yaml", "conf/task/spec_bench.yaml", "conf/search/calibration/default.yaml",
-                 "conf/routing/tiny-random-1l.yaml", "prompts/default.jsonl", "third_party/pearl/engine.py",
-                 "third_party/eagle/README.md", "third_party/eagle/heads/smollm2-135m-instruct/head.safetensors"):
+    assert {n.split("/")[0] for n in names} == {
+        "viasd_adapters",
+        f"viasd_adapters-{viasd_adapters.__version__}.dist-info",
+    }
+    for data in (
+        "conf/bench.yaml",
+        "conf/task/spec_bench.yaml",
+        "conf/search/calibration/default.yaml",
+        "conf/routing/tiny-random-1l.yaml",
+        "prompts/default.jsonl",
+        "third_party/pearl/engine.py",
+        "third_party/eagle/README.md",
+        "third_party/eagle/heads/smollm2-135m-instruct/head.safetensors",
+    ):
         assert f"viasd_adapters/{data}" in names, data
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
-    metadata = zipfile.ZipFile(installed["wheel"]).read(
-        f"viasd_adapters-{viasd_adapters.__version__}.dist-info/METADATA").decode()
+    metadata = (
+        zipfile.ZipFile(installed["wheel"])
+        .read(f"viasd_adapters-{viasd_adapters.__version__}.dist-info/METADATA")
+        .decode()
+    )
     assert f"Version: {viasd_adapters.__version__}\n" in metadata and "License-Expression: Apache-2.0" in metadata
     assert sorted(p.name for p in (installed["site"] / "bin").iterdir()) == sorted(SCRIPTS)
 
 
 def _package_folders() -> dict[str, Path]:
     """Every folder of the source trees that holds Python code, by the import name it ships under."""
-    mapping = {"viasd_adapters": REPO / "viasd_adapters", **{name: REPO / folder for name, folder in
-               PYPROJECT["tool"]["setuptools"]["package-dir"].items()}}
+    mapping = {
+        "viasd_adapters": REPO / "viasd_adapters",
+        **{name: REPO / folder for name, folder in PYPROJECT["tool"]["setuptools"]["package-dir"].items()},
+    }
     folders = {}
     for name, root in mapping.items():
         for module in root.rglob("*.py"):
@@ -123,9 +145,17 @@ def test_search_then_generate_with_its_mask_from_another_directory(installed):
     package = installed["site"] / "viasd_adapters"
     before = tree_digest(package)
     out = run_installed(
-        installed, "model_pair=tiny-random", "runtime.dtype=float32", "search=quick", "search.config.num_random=2",
-        "search.config.num_tpe=1", "calibration.max_new_tokens=8", "progress=false", "mask_name=tiny-found",
-        script="viasd-search")
+        installed,
+        "model_pair=tiny-random",
+        "runtime.dtype=float32",
+        "search=quick",
+        "search.config.num_random=2",
+        "search.config.num_tpe=1",
+        "calibration.max_new_tokens=8",
+        "progress=false",
+        "mask_name=tiny-found",
+        script="viasd-search",
+    )
     assert "use it: routing=tiny-found" in out
     mask_file = installed["user"] / "routing" / "tiny-found.yaml"
     assert mask_file.is_file()
@@ -137,8 +167,16 @@ def test_search_then_generate_with_its_mask_from_another_directory(installed):
 
     # The user config directory is on every command's search path: routing=<mask_name> selects it
     # (Hydra stops with "Could not find 'routing/tiny-found'" otherwise).
-    out = run_installed(installed, "model_pair=tiny-random", "framework=sd", "verifier=tiered", "routing=tiny-found",
-                        "max_new_tokens=6", "prompt=Hello", script="viasd-generate")
+    out = run_installed(
+        installed,
+        "model_pair=tiny-random",
+        "framework=sd",
+        "verifier=tiered",
+        "routing=tiny-found",
+        "max_new_tokens=6",
+        "prompt=Hello",
+        script="viasd-generate",
+    )
     assert "new tokens 6" in out and "slim" in out  # the slim verifier ran
 
 
@@ -184,9 +222,11 @@ def test_every_imported_distribution_is_declared():
     owners = importlib.metadata.packages_distributions()
     for module, distribution in NOT_SET_UP.items():
         owners.setdefault(module, [distribution])
-    undeclared = [f"{module} ({', '.join(owners.get(module, ['not installed']))}), imported by {sorted(files)[:3]}"
-                  for module, files in sorted(_imported_modules().items())
-                  if not {_distribution(d) for d in owners.get(module, [])} & declared]
+    undeclared = [
+        f"{module} ({', '.join(owners.get(module, ['not installed']))}), imported by {sorted(files)[:3]}"
+        for module, files in sorted(_imported_modules().items())
+        if not {_distribution(d) for d in owners.get(module, [])} & declared
+    ]
     assert not undeclared, "declared nowhere in pyproject.toml (dependencies or an extra):\n" + "\n".join(undeclared)
 
 
@@ -201,11 +241,15 @@ def test_every_command_loads_without_the_extras(installed, tmp_path):
     assert {"matplotlib", "eagle"} <= set(hidden)
     for module in hidden:  # a package that raises as a missing one does when imported
         (tmp_path / module).mkdir()
-        (tmp_path / module / "__init__.py").write_text(f"raise ModuleNotFoundError('{module} is hidden', name='{module}')\n")
-    program = ("from importlib.metadata import distribution\n"
-               "for ep in distribution('viasd-adapters').entry_points:\n"
-               "    ep.load()\n"
-               "    print('@@', ep.name)\n")
+        (tmp_path / module / "__init__.py").write_text(
+            f"raise ModuleNotFoundError('{module} is hidden', name='{module}')\n"
+        )
+    program = (
+        "from importlib.metadata import distribution\n"
+        "for ep in distribution('viasd-adapters').entry_points:\n"
+        "    ep.load()\n"
+        "    print('@@', ep.name)\n"
+    )
     out = run_installed(installed, "-c", program, hidden=tmp_path)
     assert sorted(re.findall(r"@@ (\S+)", out)) == sorted(SCRIPTS)
 

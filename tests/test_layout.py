@@ -30,8 +30,11 @@ def via_sd_imports(root: Path) -> list[str]:
     found = []
     for module in sorted(root.rglob("*.py")):
         package = ".".join(["viasd_adapters", *module.parent.relative_to(root.parent).parts])
-        found += [f"{module.relative_to(root.parent)}: {name}" for name in imported_modules(module.read_text(), package)
-                  if name.startswith(VIA_SD)]
+        found += [
+            f"{module.relative_to(root.parent)}: {name}"
+            for name in imported_modules(module.read_text(), package)
+            if name.startswith(VIA_SD)
+        ]
     return found
 
 
@@ -39,8 +42,15 @@ def test_third_party_imports_nothing_of_via_sd():
     assert via_sd_imports(THIRD_PARTY) == []
 
 
-@pytest.mark.parametrize("line", ["from ...verify import TieredVerifier", "import viasd_adapters.routing.slim",
-                                  "from viasd_adapters.search import dimr", "from ... import hosts"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "from ...verify import TieredVerifier",
+        "import viasd_adapters.routing.slim",
+        "from viasd_adapters.search import dimr",
+        "from ... import hosts",
+    ],
+)
 def test_the_check_finds_a_reverse_import(tmp_path, line):
     host = tmp_path / "third_party" / "pearl"
     host.mkdir(parents=True)

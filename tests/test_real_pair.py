@@ -69,8 +69,9 @@ def test_greedy_sd_and_lookup_on_the_int8_target_reproduce_int8_ar():
     """The int8 target is its own reference: a verify block computes what its steps compute."""
     int8 = ("runtime.dtype=int8", "runtime.draft_dtype=int8")
     pair = load_pair(compose_generate(*int8).model_pair)  # once: quantising the pair takes most of a minute
-    ar, sd, lookup = (generate_on(pair, compose_generate(PROMPT, f"framework={name}", *int8))
-                      for name in ("ar", "sd", "lookup"))
+    ar, sd, lookup = (
+        generate_on(pair, compose_generate(PROMPT, f"framework={name}", *int8)) for name in ("ar", "sd", "lookup")
+    )
     assert sd.tokens == ar.tokens and lookup.tokens == ar.tokens
     assert 0 < sd.stats.accepted < sd.stats.drafted
     # runtime.compile=auto compiled both models (int8, >= 100M parameters). The eager transformers

@@ -25,9 +25,7 @@ def test_same_seed_same_draws():
     assert [a.draw(probs) for _ in range(20)] == [b.draw(probs) for _ in range(20)]
 
 
-@pytest.mark.parametrize(
-    "kwargs", [{"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -2}]
-)
+@pytest.mark.parametrize("kwargs", [{"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -2}])
 def test_out_of_range_settings_raise(kwargs):
     with pytest.raises(ValueError):
         SamplingConfig(**kwargs)

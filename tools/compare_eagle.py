@@ -23,10 +23,10 @@ import torch
 
 from viasd_adapters.bench import splits  # noqa: E402
 from viasd_adapters.bench.tasks import read_prompts_file
-from viasd_adapters.third_party.eagle import ea_model_from_target
 from viasd_adapters.hosts.eagle import SHIPPED_HEADS, EagleDecoder, resolve_head
 from viasd_adapters.models import ModelSpec, load_model
 from viasd_adapters.pipeline import encode_prompt
+from viasd_adapters.third_party.eagle import ea_model_from_target
 
 CATEGORIES = ["writing", "coding", "translation", "summarization", "qa", "math_reasoning"]
 
@@ -70,7 +70,7 @@ def main() -> None:
         """Stock `eagenerate` on the same EaModel (its own stop rule: eos, or more than N new tokens)."""
         begin = time.perf_counter()
         out = ea.eagenerate(ids, max_new_tokens=N)
-        return out[0, ids.shape[1]:].tolist(), time.perf_counter() - begin
+        return out[0, ids.shape[1] :].tolist(), time.perf_counter() - begin
 
     def ours(ids) -> tuple[list[int], float]:
         result = adapter.generate(ids, N, stop_token_ids=(eos,))
@@ -88,12 +88,18 @@ def main() -> None:
                 tokens, seconds = run(ids)
                 row[name] = {"tokens": tokens, "seconds": seconds}
             records.append(row)
-            print(pid, rep, {k: round(len(v["tokens"]) / v["seconds"], 2) for k, v in row.items() if isinstance(v, dict)},
-                  flush=True)
+            print(
+                pid,
+                rep,
+                {k: round(len(v["tokens"]) / v["seconds"], 2) for k, v in row.items() if isinstance(v, dict)},
+                flush=True,
+            )
     # stock stops after more than N tokens (eagle-llm's rule), ours at N: compare the first N, all of them
     same = sum(r["ours"]["tokens"] == r["stock"]["tokens"][:N] for r in records)
-    ratio = statistics.median((len(r["ours"]["tokens"]) / r["ours"]["seconds"])
-                              / (len(r["stock"]["tokens"]) / r["stock"]["seconds"]) for r in records)
+    ratio = statistics.median(
+        (len(r["ours"]["tokens"]) / r["ours"]["seconds"]) / (len(r["stock"]["tokens"]) / r["stock"]["seconds"])
+        for r in records
+    )
     print(f"adapter (tiers off) token-identical to stock eagenerate: {same}/{len(records)} generations")
     print(f"speed, adapter / stock: {ratio:.3f} (median of per-generation ratios)")
     if args.out:

@@ -27,13 +27,14 @@ from pathlib import Path
 
 import torch
 
-from viasd_adapters.hosts.pearl import PearlDecoder
 from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
 from viasd_adapters.draft import ModelDrafter
+from viasd_adapters.hosts.pearl import PearlDecoder
 from viasd_adapters.models import ModelSpec, load_model
 from viasd_adapters.pipeline import encode_prompt
 from viasd_adapters.routing import RoutingMask, SlimModel
 from viasd_adapters.verify import ConfidencePolicy, LosslessVerifier, TieredVerifier
+
 
 def load_prompts(path: Path, count: int, offset: int) -> list[dict]:
     """`count` questions spread over the file (every len/count-th), first turn only."""
@@ -97,21 +98,31 @@ def build(spec: str, draft, target, args):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--questions", type=Path, required=True, help="Spec-Bench's question.jsonl (or a file of its shape)")
+    ap.add_argument(
+        "--questions", type=Path, required=True, help="Spec-Bench's question.jsonl (or a file of its shape)"
+    )
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--dtype", default="bfloat16", help="target dtype (defines the output)")
     ap.add_argument("--draft-dtype", default="bfloat16")
     ap.add_argument("--prompts", type=int, default=5)
     ap.add_argument("--offset", type=int, default=0, help="first question (then every len/prompts-th)")
-    ap.add_argument("--ids", type=lambda s: [int(x) for x in s.split(",")], default=None,
-                    help="question ids to run instead of --prompts/--offset")
+    ap.add_argument(
+        "--ids",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=None,
+        help="question ids to run instead of --prompts/--offset",
+    )
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--decoders", default="ar@2,sd@2,pearl")
     ap.add_argument("--sd-k", type=int, default=5)
     ap.add_argument("--window", type=int, default=3, help="PEARL's gamma")
-    ap.add_argument("--pearl-threads", type=lambda s: tuple(int(x) for x in s.split(",")), default=(1, 1),
-                    help="target,draft torch threads of PEARL")
+    ap.add_argument(
+        "--pearl-threads",
+        type=lambda s: tuple(int(x) for x in s.split(",")),
+        default=(1, 1),
+        help="target,draft torch threads of PEARL",
+    )
     ap.add_argument("--skip-layers", type=lambda s: [int(x) for x in s.split(",")], default=[12, 13, 14, 15])
     ap.add_argument("--tau", type=float, default=0.9, help="tiered tau_accept = tau_slim")
     ap.add_argument("--out", default=None, help="JSON lines of every generation")
@@ -156,7 +167,10 @@ def main() -> None:
                 "model_seconds": {k: round(v.seconds, 3) for k, v in s.model_calls.items()},
             }
             if out:
-                out.write(json.dumps({"prompt": prompt["id"], "category": prompt["category"], "decoder": spec, **row[spec]}) + "\n")
+                out.write(
+                    json.dumps({"prompt": prompt["id"], "category": prompt["category"], "decoder": spec, **row[spec]})
+                    + "\n"
+                )
                 out.flush()
         records.append(row)
         line = " | ".join(f"{spec} {row[spec]['seconds']:.1f}s/{row[spec]['new_tokens']}" for spec in specs)
@@ -164,7 +178,9 @@ def main() -> None:
 
     base = next((s for s in specs if s.startswith("ar")), specs[0])
     print(f"\n{len(prompts)} prompts, {args.max_new_tokens} new tokens, target {args.dtype}, draft {args.draft_dtype}")
-    print(f"{'decoder':14s} {'tok/s':>7s} {'speedup vs ' + base:>18s} {'accept':>7s} {'tok/step':>8s} {'identical to ' + base:>18s}")
+    print(
+        f"{'decoder':14s} {'tok/s':>7s} {'speedup vs ' + base:>18s} {'accept':>7s} {'tok/step':>8s} {'identical to ' + base:>18s}"
+    )
     for spec in specs:
         rs = [r[spec] for r in records]
         tps = sum(r["new_tokens"] for r in rs) / sum(r["seconds"] for r in rs)

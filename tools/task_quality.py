@@ -69,13 +69,18 @@ def main(argv: list[str]) -> None:
         ids = torch.full((len(batch), width), pad, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for row, i in enumerate(batch):
-            ids[row, width - len(encoded[i]):] = encoded[i]
-            mask[row, width - len(encoded[i]):] = 1
+            ids[row, width - len(encoded[i]) :] = encoded[i]
+            mask[row, width - len(encoded[i]) :] = 1
         begin = time.perf_counter()
         with torch.no_grad():
-            generated = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
-                                       max_new_tokens=budget, do_sample=False, eos_token_id=list(target.stop_token_ids),
-                                       pad_token_id=pad)[:, width:].tolist()
+            generated = model.generate(
+                input_ids=ids.to(model.device),
+                attention_mask=mask.to(model.device),
+                max_new_tokens=budget,
+                do_sample=False,
+                eos_token_id=list(target.stop_token_ids),
+                pad_token_id=pad,
+            )[:, width:].tolist()
         seconds = time.perf_counter() - begin
         records = []
         for row, i in enumerate(batch):
@@ -86,13 +91,26 @@ def main(argv: list[str]) -> None:
             text = tokenizer.decode(tokens, skip_special_tokens=True)
             metric = task.metric_for(prompt.category)
             score = QUALITY_METRICS[metric](prompt, text) if metric else None
-            records.append({
-                "task": task.name, "category": prompt.category, "prompt_id": prompt.id, "rep": 0, "method": "ar",
-                "baseline": "ar", "dtype": cfg.runtime.dtype, "batch_seconds": seconds, "prompt_tokens": len(encoded[i]),
-                "max_new_tokens": budget, "new_tokens": len(tokens), "quality_metric": metric,
-                "quality": None if score is None else score.value, "quality_detail": None if score is None else score.detail,
-                "output_tokens": tokens, "output_text": text,
-            })
+            records.append(
+                {
+                    "task": task.name,
+                    "category": prompt.category,
+                    "prompt_id": prompt.id,
+                    "rep": 0,
+                    "method": "ar",
+                    "baseline": "ar",
+                    "dtype": cfg.runtime.dtype,
+                    "batch_seconds": seconds,
+                    "prompt_tokens": len(encoded[i]),
+                    "max_new_tokens": budget,
+                    "new_tokens": len(tokens),
+                    "quality_metric": metric,
+                    "quality": None if score is None else score.value,
+                    "quality_detail": None if score is None else score.detail,
+                    "output_tokens": tokens,
+                    "output_text": text,
+                }
+            )
         with path.open("a") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
         bar.update(len(batch))

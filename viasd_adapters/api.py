@@ -42,8 +42,7 @@ from .models import LoadedModel
 from .pipeline import check_same_tokenizer, encode_text
 from .routing import RoutingMask, SlimModel
 from .sampling import SamplingConfig
-from .verify import (ConfidencePolicy, LosslessVerifier, SpeculativeCascadeVerifier, TieredVerifier, TierPolicy,
-                     Verifier)
+from .verify import ConfidencePolicy, LosslessVerifier, SpeculativeCascadeVerifier, TieredVerifier, TierPolicy, Verifier
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +56,9 @@ class EagleHead:
     one `viasd-train-eagle` writes) or the name of one shipped with the package."""
 
     path: str | Path  # the folder, or a shipped head's name (third_party/eagle/heads/)
-    tokenizer_path: str | Path | None = None  # EaModel reads the target's tokenizer from a folder; default: the target's
+    tokenizer_path: str | Path | None = (
+        None  # EaModel reads the target's tokenizer from a folder; default: the target's
+    )
 
 
 # ----------------------------------------------------------------------------- configuration values
@@ -89,9 +90,14 @@ def tier_policy(policy: TierPolicy | Mapping | Sequence | str | Path | None) -> 
     if policy is None or isinstance(policy, TierPolicy):
         return policy
     if isinstance(policy, (str, Path)):
-        policy = yaml.safe_load(named_config(
-            "policy", policy, "tier policy",
-            "a TierPolicy, (tau_accept, tau_slim), a policy YAML file (viasd-calibrate writes one)").read_text())
+        policy = yaml.safe_load(
+            named_config(
+                "policy",
+                policy,
+                "tier policy",
+                "a TierPolicy, (tau_accept, tau_slim), a policy YAML file (viasd-calibrate writes one)",
+            ).read_text()
+        )
     if isinstance(policy, Mapping):
         if "_target_" in policy:
             built = instantiate(dict(policy))
@@ -107,8 +113,14 @@ def tier_policy(policy: TierPolicy | Mapping | Sequence | str | Path | None) -> 
     )
 
 
-def verifier_for(target: PreTrainedModel, mask: RoutingMask | None, policy: TierPolicy | None,
-                 max_unverified: int = 16, rejudge: bool = True, share_prefix: bool = False) -> Verifier:
+def verifier_for(
+    target: PreTrainedModel,
+    mask: RoutingMask | None,
+    policy: TierPolicy | None,
+    max_unverified: int = 16,
+    rejudge: bool = True,
+    share_prefix: bool = False,
+) -> Verifier:
     """The verifier of VIA-SD's Python arguments (`build`'s, `TieredEagle`'s): the one place they
     become one. `LosslessVerifier` without a policy (tiers off), else a `TieredVerifier` whose slim
     verifier u is the target routed by `mask` (a view of its weights; conf/verifier/tiered.yaml is
@@ -116,10 +128,18 @@ def verifier_for(target: PreTrainedModel, mask: RoutingMask | None, policy: Tier
     if policy is None:
         return LosslessVerifier(target)
     if mask is None:
-        raise ValueError("a tier policy needs the slim verifier's routing mask: pass routing= (a mask, its YAML or a"
-                         " name; RoutingMask.none() makes the slim verifier the target itself)")
-    return TieredVerifier(target, slim=functools.partial(SlimModel, mask=mask), policy=policy,
-                          max_unverified=max_unverified, rejudge=rejudge, share_prefix=share_prefix)
+        raise ValueError(
+            "a tier policy needs the slim verifier's routing mask: pass routing= (a mask, its YAML or a"
+            " name; RoutingMask.none() makes the slim verifier the target itself)"
+        )
+    return TieredVerifier(
+        target,
+        slim=functools.partial(SlimModel, mask=mask),
+        policy=policy,
+        max_unverified=max_unverified,
+        rejudge=rejudge,
+        share_prefix=share_prefix,
+    )
 
 
 # ----------------------------------------------------------------------------- checks
@@ -134,8 +154,12 @@ def _vocab_size(model: PreTrainedModel) -> int:
     return int(model.get_output_embeddings().out_features)
 
 
-def check_pair(target: PreTrainedModel, draft: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None,
-               draft_tokenizer: PreTrainedTokenizerBase | None) -> None:
+def check_pair(
+    target: PreTrainedModel,
+    draft: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    draft_tokenizer: PreTrainedTokenizerBase | None,
+) -> None:
     """Raise ValueError unless `draft` can draft for `target`: one vocabulary, one device."""
     check_same_tokenizer(draft_tokenizer, tokenizer)
     V_draft, V_target = _vocab_size(draft), _vocab_size(target)
@@ -153,8 +177,11 @@ def check_mask(mask: RoutingMask, target: PreTrainedModel) -> RoutingMask:
     name = Path(getattr(target.config, "_name_or_path", "") or "").name or None
     bound = mask.bind(_num_layers(target), name)
     if mask.model and name and mask.model != name:
-        logger.warning("routing mask made for %s is used on %s (same layer count): was it searched for this model?",
-                       mask.model, name)
+        logger.warning(
+            "routing mask made for %s is used on %s (same layer count): was it searched for this model?",
+            mask.model,
+            name,
+        )
     return bound
 
 
@@ -195,33 +222,63 @@ def describe(decoder: Decoder, hosts: HostRegistry = HOSTS) -> str:
 # GenerationConfig fields whose effect the speculative loops do not reproduce, with their neutral
 # values. A config that sets one is refused, never silently ignored.
 _UNSUPPORTED = {
-    "num_beams": 1, "num_beam_groups": 1, "num_return_sequences": 1, "penalty_alpha": None,
-    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
-    "encoder_no_repeat_ngram_size": 0, "bad_words_ids": None, "force_words_ids": None, "min_length": 0,
-    "min_new_tokens": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "min_p": None,
-    "top_h": None, "diversity_penalty": 0.0, "sequence_bias": None, "suppress_tokens": None,
-    "begin_suppress_tokens": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
-    "exponential_decay_length_penalty": None, "guidance_scale": None, "stop_strings": None,
-    "max_time": None, "output_scores": False, "output_logits": False, "output_attentions": False,
-    "output_hidden_states": False, "watermarking_config": None, "dola_layers": None,
-    "prompt_lookup_num_tokens": None, "token_healing": False,
+    "num_beams": 1,
+    "num_beam_groups": 1,
+    "num_return_sequences": 1,
+    "penalty_alpha": None,
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "force_words_ids": None,
+    "min_length": 0,
+    "min_new_tokens": None,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "min_p": None,
+    "top_h": None,
+    "diversity_penalty": 0.0,
+    "sequence_bias": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "exponential_decay_length_penalty": None,
+    "guidance_scale": None,
+    "stop_strings": None,
+    "max_time": None,
+    "output_scores": False,
+    "output_logits": False,
+    "output_attentions": False,
+    "output_hidden_states": False,
+    "watermarking_config": None,
+    "dola_layers": None,
+    "prompt_lookup_num_tokens": None,
+    "token_healing": False,
 }
 
 
-def sampling_from_config(config: GenerationConfig, seed: int | None = None,
-                         generator: torch.Generator | None = None) -> SamplingConfig:
+def sampling_from_config(
+    config: GenerationConfig, seed: int | None = None, generator: torch.Generator | None = None
+) -> SamplingConfig:
     """The project's `SamplingConfig` for a `GenerationConfig`; ValueError for what VIA-SD cannot honour.
 
     Sampled runs need a seed: `seed`, else one drawn from `generator`, else from torch's global
     generator (so `torch.manual_seed(s)` before a call reproduces it, as with `generate`).
     """
-    problems = [(name, value, neutral) for name, neutral in _UNSUPPORTED.items()
-                if not _neutral(value := getattr(config, name, neutral), neutral)]
+    problems = [
+        (name, value, neutral)
+        for name, neutral in _UNSUPPORTED.items()
+        if not _neutral(value := getattr(config, name, neutral), neutral)
+    ]
     if problems:
         raise ValueError(
             "VIA-SD's speculative loops do not support "
             + ", ".join(f"{name}={value!r}" for name, value, _ in problems)
-            + ": pass " + ", ".join(f"{name}={neutral!r}" for name, _, neutral in problems)
+            + ": pass "
+            + ", ".join(f"{name}={neutral!r}" for name, _, neutral in problems)
             + " (supported: max_new_tokens, do_sample, temperature, top_p, top_k, eos_token_id, seed)"
         )
     if not config.do_sample:
@@ -231,8 +288,12 @@ def sampling_from_config(config: GenerationConfig, seed: int | None = None,
     temperature = 1.0 if config.temperature is None else float(config.temperature)
     if temperature <= 0:
         raise ValueError(f"do_sample=True needs temperature > 0, got {temperature} (do_sample=False is greedy)")
-    return SamplingConfig(temperature=temperature, top_p=float(config.top_p if config.top_p is not None else 1.0),
-                          top_k=int(config.top_k or 0), seed=int(seed))
+    return SamplingConfig(
+        temperature=temperature,
+        top_p=float(config.top_p if config.top_p is not None else 1.0),
+        top_k=int(config.top_k or 0),
+        seed=int(seed),
+    )
 
 
 def _neutral(value: Any, neutral: Any) -> bool:
@@ -267,8 +328,14 @@ class SpeculativeGenerator:
     behind the standard call, with transformers' own argument handling.
     """
 
-    def __init__(self, decoder: Decoder, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None,
-                 stop_token_ids: Sequence[int] | None = None, hosts: HostRegistry = HOSTS):
+    def __init__(
+        self,
+        decoder: Decoder,
+        target: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        hosts: HostRegistry = HOSTS,
+    ):
         """
         Args:
             decoder: the decoding loop (any `Decoder`).
@@ -290,7 +357,9 @@ class SpeculativeGenerator:
             if not stop_token_ids and tokenizer is not None and tokenizer.eos_token_id is not None:
                 stop_token_ids = (tokenizer.eos_token_id,)
             if not stop_token_ids:
-                logger.warning("the target's generation_config names no eos_token_id: generations run to max_new_tokens")
+                logger.warning(
+                    "the target's generation_config names no eos_token_id: generations run to max_new_tokens"
+                )
         self.stop_token_ids = tuple(stop_token_ids)
         self.method = describe(decoder, hosts)
 
@@ -309,10 +378,17 @@ class SpeculativeGenerator:
         return config
 
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor | Sequence[int], attention_mask: torch.Tensor | None = None, *,
-                 seed: int | None = None, generator: torch.Generator | None = None,
-                 streamer: BaseStreamer | None = None, return_dict_in_generate: bool = False,
-                 **generation_kwargs) -> torch.Tensor | GenerateOutput:
+    def generate(
+        self,
+        input_ids: torch.Tensor | Sequence[int],
+        attention_mask: torch.Tensor | None = None,
+        *,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        streamer: BaseStreamer | None = None,
+        return_dict_in_generate: bool = False,
+        **generation_kwargs,
+    ) -> torch.Tensor | GenerateOutput:
         """Decode after `input_ids` ([1, T], or a list of ids).
 
         Args:
@@ -346,9 +422,17 @@ class SpeculativeGenerator:
         return self.tokenizer
 
     # ------------------------------------------------------------------ transformers' custom_generate
-    def __call__(self, model: PreTrainedModel, input_ids: torch.Tensor, logits_processor=None, stopping_criteria=None,
-                 generation_config: GenerationConfig | None = None, seed: int | None = None,
-                 generator: torch.Generator | None = None, **model_kwargs):
+    def __call__(
+        self,
+        model: PreTrainedModel,
+        input_ids: torch.Tensor,
+        logits_processor=None,
+        stopping_criteria=None,
+        generation_config: GenerationConfig | None = None,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        **model_kwargs,
+    ):
         """The decoding loop behind `target.generate(..., custom_generate=self)` (transformers >= 4.56).
 
         transformers has prepared `generation_config` (the model's defaults and the call's
@@ -379,8 +463,9 @@ class SpeculativeGenerator:
             raise ValueError("the attention mask has padding: decode one unpadded prompt at a time")
         return ids.to(self.target.device)
 
-    def _run(self, ids: torch.Tensor, config: GenerationConfig, sampling: SamplingConfig,
-             streamer: BaseStreamer | None) -> GenerateOutput:
+    def _run(
+        self, ids: torch.Tensor, config: GenerationConfig, sampling: SamplingConfig, streamer: BaseStreamer | None
+    ) -> GenerateOutput:
         max_new_tokens = config.max_new_tokens
         if max_new_tokens is None:
             max_new_tokens = config.max_length - ids.shape[1]
@@ -448,12 +533,17 @@ def build(
         draft = EagleHead(draft)
     host = _host(draft, framework, hosts)
     mask = routing_mask(routing)
-    tiers = tier_policy(ConfidencePolicy() if policy is _DEFAULT and mask is not None else
-                        (None if policy is _DEFAULT else policy))
+    tiers = tier_policy(
+        ConfidencePolicy() if policy is _DEFAULT and mask is not None else (None if policy is _DEFAULT else policy)
+    )
     if tiers is not None and mask is None:
-        raise ValueError("a tier policy needs the slim verifier's routing mask: pass routing= (a mask, its YAML or a"
-                         " name; RoutingMask.none() makes the slim verifier the target itself)")
-    check(host, "full" if tiers is None else "tiered", {"share_prefix": share_prefix}, hosts=hosts)  # before EAGLE's head loads
+        raise ValueError(
+            "a tier policy needs the slim verifier's routing mask: pass routing= (a mask, its YAML or a"
+            " name; RoutingMask.none() makes the slim verifier the target itself)"
+        )
+    check(
+        host, "full" if tiers is None else "tiered", {"share_prefix": share_prefix}, hosts=hosts
+    )  # before EAGLE's head loads
     if mask is not None:
         mask = check_mask(mask, target)
         if tiers is not None:
@@ -482,8 +572,10 @@ def _host(draft, framework: str, hosts: HostRegistry) -> HostSpec:
     if draft is None and "drafter" in spec.parts:
         return hosts.host("ar")
     if draft is not None and "drafter" not in spec.parts:
-        raise ValueError(f"framework={framework!r} ({spec.name}) drafts for itself or not at all: drop draft=,"
-                         " or pick a framework that drafts with one")
+        raise ValueError(
+            f"framework={framework!r} ({spec.name}) drafts for itself or not at all: drop draft=,"
+            " or pick a framework that drafts with one"
+        )
     return spec
 
 

@@ -27,8 +27,9 @@ from .models.spec import QUANTIZED_PRECISIONS, check_precision
 from .pipeline import PAIR_MODELS
 
 
-def check_config(cfg: DictConfig, overrides: Iterable[str] | None = None, identity_slim_ok: bool = False,
-                 hosts: HostRegistry = HOSTS) -> None:
+def check_config(
+    cfg: DictConfig, overrides: Iterable[str] | None = None, identity_slim_ok: bool = False, hosts: HostRegistry = HOSTS
+) -> None:
     """Raise `ValueError` for the first bad setting of a composed entry-point config.
 
     Args:
@@ -43,8 +44,11 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] | None = None, identi
     check_renamed(overrides, cfg)
     if "max_new_tokens" in cfg:
         check_positive_int("max_new_tokens", cfg.max_new_tokens)
-    if cfg.get("prompt_file") is None and cfg.get("prompt") is not None and (
-            not isinstance(cfg.prompt, str) or not cfg.prompt.strip()):
+    if (
+        cfg.get("prompt_file") is None
+        and cfg.get("prompt") is not None
+        and (not isinstance(cfg.prompt, str) or not cfg.prompt.strip())
+    ):
         raise ValueError('the prompt is empty: pass prompt="..."')
     if cfg.get("repetitions") is not None:
         check_positive_int("repetitions", cfg.repetitions)
@@ -73,8 +77,10 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] | None = None, identi
         from .configs import CONFIG_DIR
 
         masks = shipped_masks(cfg.model_pair.target.name, Path(CONFIG_DIR), cfg.model_pair.get("name"))
-    needs = {"sampled": "sampling" in cfg and float(cfg.sampling.get("temperature") or 0.0) > 0,
-             "int8": "runtime" in cfg and cfg.runtime.get("dtype") in QUANTIZED_PRECISIONS}
+    needs = {
+        "sampled": "sampling" in cfg and float(cfg.sampling.get("temperature") or 0.0) > 0,
+        "int8": "runtime" in cfg and cfg.runtime.get("dtype") in QUANTIZED_PRECISIONS,
+    }
     for name, framework, verifier in components:
         check_components(name, framework, verifier, identity_slim_ok, masks, hosts, **needs)
     if components:
@@ -92,8 +98,10 @@ def check_renamed(overrides: Iterable[str], cfg: DictConfig | None = None) -> No
     for item in overrides:
         key, _, value = item.lstrip("+~").partition("=")
         if key in RENAMED:
-            raise ValueError(f"{key}= is now {RENAMED[key]}= (one runtime group for every command):"
-                             f" write {RENAMED[key]}={value or 'N'}")
+            raise ValueError(
+                f"{key}= is now {RENAMED[key]}= (one runtime group for every command):"
+                f" write {RENAMED[key]}={value or 'N'}"
+            )
     for key, new in RENAMED.items():
         if cfg is not None and key in cfg:
             raise ValueError(f"the config sets {key}, which is now {new}: move it there ({new}={cfg[key]})")
@@ -110,7 +118,9 @@ def check_runtime(runtime: DictConfig) -> None:
         try:
             parsed = torch.device(device)
         except (RuntimeError, TypeError) as err:
-            raise ValueError(f"runtime.device={device!r} is not a torch device: use cpu, cuda, cuda:1, mps, ...") from err
+            raise ValueError(
+                f"runtime.device={device!r} is not a torch device: use cpu, cuda, cuda:1, mps, ..."
+            ) from err
         if parsed.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"runtime.device={device}: this torch build sees no CUDA device; use runtime.device=cpu")
     if runtime.get("threads") is not None:
@@ -122,9 +132,16 @@ def check_runtime(runtime: DictConfig) -> None:
         raise ValueError(f"runtime.compile={runtime.compile!r}: use true, false or auto")
 
 
-def check_components(name: str, framework: DictConfig, verifier: DictConfig | None, identity_slim_ok: bool = False,
-                     masks: list[str] = (), hosts: HostRegistry = HOSTS, sampled: bool = False,
-                     int8: bool = False) -> None:
+def check_components(
+    name: str,
+    framework: DictConfig,
+    verifier: DictConfig | None,
+    identity_slim_ok: bool = False,
+    masks: list[str] = (),
+    hosts: HostRegistry = HOSTS,
+    sampled: bool = False,
+    int8: bool = False,
+) -> None:
     """One decoding method: its framework and verifier configs make a pair its host's registry
     entry allows, the host can do what the run asks (`sampled`, an `int8` target), and each
     `_target_` node takes the settings it is given."""
@@ -144,7 +161,7 @@ def check_components(name: str, framework: DictConfig, verifier: DictConfig | No
         _check_node(verifier, f"{where}verifier")
     if identity_slim_ok:
         return
-    for node, path in ((verifier if uses_verifier else None, "verifier"), (framework.decoder, "framework.decoder")):
+    for node in (verifier if uses_verifier else None, framework.decoder):
         mask = _slim_mask(node)
         if mask is not None and node.get("policy") is not None and mask.is_identity:
             pick = f"routing={masks[0]}" if masks else "routing=<name> (viasd-search finds one)"
@@ -163,9 +180,12 @@ def _host(framework: DictConfig, where: str, hosts: HostRegistry) -> HostSpec:
     if drafts != (framework.get("drafter") is not None):
         raise ValueError(
             f"{where}framework={framework.get('name')} ({host.name}) "
-            + ("drafts with framework.drafter, which is null: give one, e.g."
-               " framework.drafter={_target_: viasd_adapters.draft.PromptLookupDrafter}" if drafts else
-               "drafts for itself: set framework.drafter=null")
+            + (
+                "drafts with framework.drafter, which is null: give one, e.g."
+                " framework.drafter={_target_: viasd_adapters.draft.PromptLookupDrafter}"
+                if drafts
+                else "drafts for itself: set framework.drafter=null"
+            )
         )
     return host
 
@@ -208,15 +228,23 @@ def _check_node(node: DictConfig, path: str, modelless_ok: bool = False) -> None
         if value in PAIR_MODELS or key not in hints:
             continue
         _check_type(f"{path}.{key}", value, hints[key])
-    required = [n for n, p in signature.parameters.items() if n != "self" and p.default is p.empty
-                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    required = [
+        n
+        for n, p in signature.parameters.items()
+        if n != "self" and p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
     if modelless_ok and all(n in node for n in required) and not any(v in PAIR_MODELS for v in node.values()):
         _build(path, node)  # needs no model (e.g. prompt lookup): build it, its constructor checks
         return
     check = getattr(cls, "check_settings", None)
     if check is not None:  # the class's own value rules, which its constructor applies too
-        plain = {k: v for k, v in node.items() if not str(k).startswith("_") and v not in PAIR_MODELS
-                 and not (isinstance(v, DictConfig) and "_target_" in v)}
+        plain = {
+            k: v
+            for k, v in node.items()
+            if not str(k).startswith("_")
+            and v not in PAIR_MODELS
+            and not (isinstance(v, DictConfig) and "_target_" in v)
+        }
         _build(path, OmegaConf.to_container(OmegaConf.create(plain), resolve=True), check)
 
 
@@ -305,8 +333,10 @@ def _check_group_is_used(group: str, overrides: list[str], components, hosts: Ho
             raw = OmegaConf.to_container(node, resolve=False)
             if "${" + group in str(raw) and _active(node):
                 return
-    fix = {"policy": "verifier=tiered (VIA-SD's tiers) with framework=sd, lookup or pearl",
-           "routing": "verifier=tiered with framework=sd, lookup or pearl"}[group]
+    fix = {
+        "policy": "verifier=tiered (VIA-SD's tiers) with framework=sd, lookup or pearl",
+        "routing": "verifier=tiered with framework=sd, lookup or pearl",
+    }[group]
     raise ValueError(
         f"{' '.join(given)}: no decoder of this run reads the {group} (the verifier is plain lossless SD, "
         f"framework=ar, or the tiers are off with verifier.policy=null); for the tiers write {fix}"

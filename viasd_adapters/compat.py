@@ -39,13 +39,20 @@ def built_kind(verifier: Verifier) -> tuple[str, dict[str, Any]]:
     if not isinstance(verifier, TieredVerifier):
         return verifier_kind(type(verifier)), {}
     slim = verifier.slim.model if verifier.slim is not None else None  # None: tiers off
-    routed = slim is None or (isinstance(slim, SlimModel)
-                              and slim.lm_head is verifier.target.model.get_output_embeddings())
+    routed = slim is None or (
+        isinstance(slim, SlimModel) and slim.lm_head is verifier.target.model.get_output_embeddings()
+    )
     return verifier_kind(TieredVerifier, routed), {"share_prefix": verifier.shared is not None, "gate": verifier.gate}
 
 
-def check(host: str | HostSpec, kind: str, settings: Mapping[str, Any] | None = None, framework: str | None = None,
-          verifier: type | None = None, hosts: HostRegistry = HOSTS) -> None:
+def check(
+    host: str | HostSpec,
+    kind: str,
+    settings: Mapping[str, Any] | None = None,
+    framework: str | None = None,
+    verifier: type | None = None,
+    hosts: HostRegistry = HOSTS,
+) -> None:
     """Raise ValueError, naming the fix, unless `host` runs a verifier of `kind` with `settings`.
 
     Args:
@@ -64,18 +71,25 @@ def check(host: str | HostSpec, kind: str, settings: Mapping[str, Any] | None = 
         if kind in (row.verifiers or ()):
             return  # the unused default
         if framework is None:
-            raise ValueError(f"{said} (no draft) takes no verifier, so VIA-SD's tiers would be ignored: pass a"
-                             " draft (a draft model, 'lookup' or an EagleHead), or drop routing= and policy=")
-        raise ValueError(f"{said} takes no verifier, so verifier={kind} would be ignored: write framework=sd"
-                         f" verifier={kind} for VIA-SD on draft-model SD (or framework=lookup / pearl),"
-                         " or drop the verifier override")
+            raise ValueError(
+                f"{said} (no draft) takes no verifier, so VIA-SD's tiers would be ignored: pass a"
+                " draft (a draft model, 'lookup' or an EagleHead), or drop routing= and policy="
+            )
+        raise ValueError(
+            f"{said} takes no verifier, so verifier={kind} would be ignored: write framework=sd"
+            f" verifier={kind} for VIA-SD on draft-model SD (or framework=lookup / pearl),"
+            " or drop the verifier override"
+        )
     if row.verifiers is not None and kind not in row.verifiers:
         others = " or ".join(f"framework={key}" for key in hosts.any_verifier())
-        raise ValueError(f"{said} runs {row.runs}, not verifier={kind}: pick one of those, or {others}"
-                         f" for verifier={kind}")
+        raise ValueError(
+            f"{said} runs {row.runs}, not verifier={kind}: pick one of those, or {others} for verifier={kind}"
+        )
     if row.trees and verifier is not None and not implements_trees(verifier):
-        raise ValueError(f"{said} drafts trees, and {verifier.__qualname__} does not implement verify_tree:"
-                         " pick a verifier that does (full or tiered)")
+        raise ValueError(
+            f"{said} drafts trees, and {verifier.__qualname__} does not implement verify_tree:"
+            " pick a verifier that does (full or tiered)"
+        )
     for key, only in row.fixed.items():
         if (settings or {}).get(key, only) != only:
             fix = f"set verifier.{key}={_override(only)}" if framework else f"pass {key}={only!r}"

@@ -57,7 +57,9 @@ def named_config(group: str, name: str | Path, what: str, forms: str) -> Path:
     and the group's options."""
     path = config_file(group, name)
     if path is None:
-        raise ValueError(f"no {what} {str(name)!r}: give {forms} or the name of one of {', '.join(config_names(group))}")
+        raise ValueError(
+            f"no {what} {str(name)!r}: give {forms} or the name of one of {', '.join(config_names(group))}"
+        )
     return path
 
 
@@ -94,8 +96,10 @@ def result_option(key: str, name: str, group: str, custom_dir: bool) -> str:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise ValueError(f"{key}={name!r}: use letters, digits, '.', '_' and '-' (it becomes {group}=<name>)")
     if not custom_dir and (Path(CONFIG_DIR) / group / f"{name}.yaml").exists():
-        raise ValueError(f"{key}={name!r} is a {group} config shipped with the package, which {group}={name}"
-                         f" would still select: pick another {key}")
+        raise ValueError(
+            f"{key}={name!r} is a {group} config shipped with the package, which {group}={name}"
+            f" would still select: pick another {key}"
+        )
     return name
 
 

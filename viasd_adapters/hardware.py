@@ -25,8 +25,13 @@ ISA_FLAGS = {
 
 # Environment variables that keep a library's kernels below what the CPU has (how an AVX2-only CPU
 # is emulated on a newer one): a figure measured under them is not the CPU's own.
-ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
-              "FBGEMM_ENABLE_INSTRUCTIONS")
+ISA_LIMITS = (
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "FBGEMM_ENABLE_INSTRUCTIONS",
+)
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,10 @@ class CpuInfo:
     def slug(self) -> str:
         """A file name for this CPU: its model and best ISA ('intel-r-xeon-r-processor-amx'), and
         a digest of the kernel limits in force, so that an emulated CPU never shares the real one's files."""
-        best = next((tag for tag in ("amx", "avx512", "avx2") if any(tag in i.lower().replace("-", "") for i in self.isa)), "base")
+        best = next(
+            (tag for tag in ("amx", "avx512", "avx2") if any(tag in i.lower().replace("-", "") for i in self.isa)),
+            "base",
+        )
         name = re.sub(r"[^a-z0-9]+", "-", self.model.lower()).strip("-") or "cpu"
         if not self.limits:
             return f"{name}-{best}"

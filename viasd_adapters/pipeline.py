@@ -11,9 +11,9 @@ from omegaconf import DictConfig
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
-from .hosts.registry import HOSTS, HostRegistry
 from .decode import Decoder, GenerationResult
 from .draft import Drafter
+from .hosts.registry import HOSTS, HostRegistry
 from .models import LoadedModel, load_model
 from .sampling import SamplingConfig
 from .verify import Verifier
@@ -36,12 +36,18 @@ def load_pair(model_pair: DictConfig, with_draft: bool = True) -> ModelPair:
     if model_pair.draft == model_pair.target:
         return ModelPair(target, target)  # self-drafting: one copy of the weights
     draft = load_model(instantiate(model_pair.draft))
-    check_same_tokenizer(draft.tokenizer, target.tokenizer, f"draft {draft.spec.name!r}", f"target {target.spec.name!r}")
+    check_same_tokenizer(
+        draft.tokenizer, target.tokenizer, f"draft {draft.spec.name!r}", f"target {target.spec.name!r}"
+    )
     return ModelPair(target, draft)
 
 
-def check_same_tokenizer(draft: PreTrainedTokenizerBase | None, target: PreTrainedTokenizerBase | None,
-                         draft_name: str = "the draft", target_name: str = "the target") -> None:
+def check_same_tokenizer(
+    draft: PreTrainedTokenizerBase | None,
+    target: PreTrainedTokenizerBase | None,
+    draft_name: str = "the draft",
+    target_name: str = "the target",
+) -> None:
     """ValueError unless the two tokenizers map the same strings to the same ids (None: not known, not
     checked): the draft's token ids are the target's only then. Every tokenizer check ends here."""
     if draft is not None and target is not None and draft.get_vocab() != target.get_vocab():
@@ -79,15 +85,26 @@ def build_decoder(framework: DictConfig, verifier: DictConfig, pair: ModelPair, 
     in which "pair.draft" / "pair.target" stand for the loaded models.
     """
     host = hosts.for_decoder(get_class(framework.decoder._target_))
-    drafter = (instantiate(framework.drafter, **_with_models(framework.drafter, pair))
-               if "drafter" in host.parts else None)
-    built = (instantiate(verifier, target=pair.target.model, **_with_models(verifier, pair))
-             if "verifier" in host.parts else None)
+    drafter = (
+        instantiate(framework.drafter, **_with_models(framework.drafter, pair)) if "drafter" in host.parts else None
+    )
+    built = (
+        instantiate(verifier, target=pair.target.model, **_with_models(verifier, pair))
+        if "verifier" in host.parts
+        else None
+    )
     return host.build(pair.target.model, drafter, built, decoder=framework.decoder)
 
 
-def assemble(host: str, target: PreTrainedModel, drafter: Drafter | None = None, verifier: Verifier | None = None,
-             decoder: DictConfig | None = None, hosts: HostRegistry = HOSTS, **options) -> Decoder:
+def assemble(
+    host: str,
+    target: PreTrainedModel,
+    drafter: Drafter | None = None,
+    verifier: Verifier | None = None,
+    decoder: DictConfig | None = None,
+    hosts: HostRegistry = HOSTS,
+    **options,
+) -> Decoder:
     """The decoder of the host registered as `host` in `hosts` (`HostSpec.build`).
 
     Of `target`, `drafter` and `verifier` it passes the parts the host's entry lists. `decoder`: the
@@ -132,8 +149,13 @@ class Pipeline:
     def encode(self, prompt: str) -> torch.Tensor:
         return encode_prompt(self.pair.target, prompt, self.chat_template)
 
-    def generate(self, prompt: str | torch.Tensor, max_new_tokens: int, sampling: SamplingConfig,
-                 streamer: BaseStreamer | None = None) -> GenerationResult:
+    def generate(
+        self,
+        prompt: str | torch.Tensor,
+        max_new_tokens: int,
+        sampling: SamplingConfig,
+        streamer: BaseStreamer | None = None,
+    ) -> GenerationResult:
         """Decode `prompt` (text, or its [1, T] ids from `encode`); `streamer` gets every commit."""
         ids = self.encode(prompt) if isinstance(prompt, str) else prompt
         return self.decoder.generate(ids, max_new_tokens, sampling, self.pair.target.stop_token_ids, streamer)

@@ -16,8 +16,9 @@ class TokenProgress(BaseStreamer):
 
     def __init__(self, total: int, enabled: bool = True, desc: str = "generating"):
         # disable=None: tqdm turns itself off when stderr is not a terminal.
-        self.bar = tqdm(total=total, unit="tok", desc=desc, file=sys.stderr, leave=False,
-                        disable=None if enabled else True)
+        self.bar = tqdm(
+            total=total, unit="tok", desc=desc, file=sys.stderr, leave=False, disable=None if enabled else True
+        )
         self.prompt_seen = False
 
     def put(self, value) -> None:

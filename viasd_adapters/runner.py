@@ -18,7 +18,9 @@ class CallStats:
     calls: int = 0  # forward passes
     tokens: int = 0  # tokens fed through those passes
     seconds: float = 0.0  # wall time inside them
-    variant: str | None = None  # what ran, as a latency profile names it ("bfloat16+int8-weight"); None: the run's dtype
+    variant: str | None = (
+        None  # what ran, as a latency profile names it ("bfloat16+int8-weight"); None: the run's dtype
+    )
 
     def add(self, tokens: int, seconds: float) -> None:
         self.calls += 1
@@ -42,8 +44,14 @@ class CausalLMRunner:
     the caller: rollback and catch-up are the same operation.
     """
 
-    def __init__(self, model: PreTrainedModel, name: str = "model", head: torch.nn.Module | None = None,
-                 variant: str | None = None, compiled: bool = True):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        name: str = "model",
+        head: torch.nn.Module | None = None,
+        variant: str | None = None,
+        compiled: bool = True,
+    ):
         """`head`: scores the model's final hidden states in its place ([..., d] -> [..., N]
         logits, e.g. a `ReducedHead` over N kept ids); None: the model's own LM head (N = V).
         `variant`: what its stats say ran where it is not the run's dtype (a drafter's quantised copy).

@@ -24,8 +24,12 @@ from viasd_adapters.configs import CONFIG_DIR, load_routing
 
 CONF = Path(CONFIG_DIR)
 PROMPTS = [
-    {"question_id": 1, "category": "translation", "turns": ["Translate German to English: Guten Morgen"],
-     "reference": ["Good morning"]},
+    {
+        "question_id": 1,
+        "category": "translation",
+        "turns": ["Translate German to English: Guten Morgen"],
+        "reference": ["Good morning"],
+    },
     {"question_id": 3, "category": "math_reasoning", "turns": ["What is 2 + 3?"], "reference": ["2 + 3 = 5\n#### 5"]},
     {"question_id": 4, "category": "qa", "turns": ["Who wrote Faust?"]},
 ]
@@ -50,9 +54,15 @@ def test_shipped_config_composes_and_every_point_builds_its_config():
 
 
 def test_points_carry_their_mask_thresholds_and_alpha():
-    cfg = compose_frontier("model_pair=tiny-random", "sweep.masks=[tiny-random-1l]", "sweep.random_masks=null", "sweep.gated=[]",
-                           "sweep.thresholds=[[0.5,0.3],[0.9,0.8]]", "sweep.alphas=[0.0,2.0]",
-                           "sweep.random_thresholds=[0.7,0.6]")
+    cfg = compose_frontier(
+        "model_pair=tiny-random",
+        "sweep.masks=[tiny-random-1l]",
+        "sweep.random_masks=null",
+        "sweep.gated=[]",
+        "sweep.thresholds=[[0.5,0.3],[0.9,0.8]]",
+        "sweep.alphas=[0.0,2.0]",
+        "sweep.random_thresholds=[0.7,0.6]",
+    )
     sweep = instantiate(cfg.sweep, _convert_="all")
     points = {p.name: p for p in build_points(sweep, cfg.method, load_routing(sweep.masks), attention_share=0.25)}
     via = points["via-sd[1l]@0.9/0.8"]
@@ -95,11 +105,24 @@ def test_bad_sweeps_fail_with_the_fix():
 
 
 def _rec(method, prompt, drafted, accepted, new, steps, target, slim, speed, match, metric=None, q=None, tiers=None):
-    return {"method": method, "prompt_id": prompt, "task": "t", "rep": 0, "drafted": drafted, "accepted": accepted,
-            "new_tokens": new, "steps": steps, "model_calls": {"target": {"calls": target}, "slim": {"calls": slim}},
-            "speedup_vs_baseline": speed, "speedup_vs_host": speed, "token_match_vs_baseline": match,
-            "exact_match_vs_baseline": float(match == 1.0), "quality_metric": metric, "quality": q,
-            "tier_counts": tiers or {}}
+    return {
+        "method": method,
+        "prompt_id": prompt,
+        "task": "t",
+        "rep": 0,
+        "drafted": drafted,
+        "accepted": accepted,
+        "new_tokens": new,
+        "steps": steps,
+        "model_calls": {"target": {"calls": target}, "slim": {"calls": slim}},
+        "speedup_vs_baseline": speed,
+        "speedup_vs_host": speed,
+        "token_match_vs_baseline": match,
+        "exact_match_vs_baseline": float(match == 1.0),
+        "quality_metric": metric,
+        "quality": q,
+        "tier_counts": tiers or {},
+    }
 
 
 def _point(name, kind="via-sd", family=None, mask=None):
@@ -107,8 +130,10 @@ def _point(name, kind="via-sd", family=None, mask=None):
 
 
 def test_summaries_pool_counts_over_records():
-    records = [_rec("v", 1, 10, 6, 12, 4, 2, 4, 1.2, 1.0, "bleu", 30.0, {"accept": 6, "full": 2}),
-               _rec("v", 2, 30, 24, 28, 6, 4, 6, 0.8, 0.9, "bleu", 20.0, {"accept": 20, "slim": 2})]
+    records = [
+        _rec("v", 1, 10, 6, 12, 4, 2, 4, 1.2, 1.0, "bleu", 30.0, {"accept": 6, "full": 2}),
+        _rec("v", 2, 30, 24, 28, 6, 4, 6, 0.8, 0.9, "bleu", 20.0, {"accept": 20, "slim": 2}),
+    ]
     (s,) = summarize(records, [_point("v", mask="m")], {"m": 0.7})
     assert s.rejection_rate == pytest.approx(1 - 30 / 40)
     assert s.tokens_per_round == pytest.approx(40 / 10)
@@ -124,8 +149,24 @@ def test_summaries_pool_counts_over_records():
 
 
 def _summary(name, kind, family, speed, rejection, agreement, quality):
-    return PointSummary(name, family, kind, None, 1, rejection, 2.0, 0.3, 0.3, None, speed, speed, agreement,
-                        1.0, quality, {m: 1 for m in quality})
+    return PointSummary(
+        name,
+        family,
+        kind,
+        None,
+        1,
+        rejection,
+        2.0,
+        0.3,
+        0.3,
+        None,
+        speed,
+        speed,
+        agreement,
+        1.0,
+        quality,
+        {m: 1 for m in quality},
+    )
 
 
 def test_matched_quality_counts_metrics_in_points():
@@ -166,19 +207,35 @@ def test_frontier_runs_in_chunks_resumes_and_reports_on_the_tiny_pair(tmp_path):
     prompts.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
     out = tmp_path / "out"
     overrides = [
-        "model_pair=tiny-random", "runtime.dtype=float32", "runtime.draft_dtype=float32",
-        "sweep.masks=[tiny-random-1l]", "sweep.random_masks=null", "sweep.gated=[]", "sweep.thresholds=[[0.5,0.3]]", "sweep.alphas=[0.5]", "sweep.cascade=null",
-        f"tasks.math.prompts_file={prompts}", f"tasks.text.prompts_file={prompts}", "tasks.text.categories=[translation,qa]",
-        "tasks.math.max_new_tokens=6", "tasks.text.max_new_tokens=6", "~tasks.code", "progress=false",
-        "profile.context=16", "profile.tokens=[1,4]", "profile.prefill=[24,32]", "profile.repetitions=2",
-        "warmup_tokens=2", f"out_dir={out}",
+        "model_pair=tiny-random",
+        "runtime.dtype=float32",
+        "runtime.draft_dtype=float32",
+        "sweep.masks=[tiny-random-1l]",
+        "sweep.random_masks=null",
+        "sweep.gated=[]",
+        "sweep.thresholds=[[0.5,0.3]]",
+        "sweep.alphas=[0.5]",
+        "sweep.cascade=null",
+        f"tasks.math.prompts_file={prompts}",
+        f"tasks.text.prompts_file={prompts}",
+        "tasks.text.categories=[translation,qa]",
+        "tasks.math.max_new_tokens=6",
+        "tasks.text.max_new_tokens=6",
+        "~tasks.code",
+        "progress=false",
+        "profile.context=16",
+        "profile.tokens=[1,4]",
+        "profile.prefill=[24,32]",
+        "profile.repetitions=2",
+        "warmup_tokens=2",
+        f"out_dir={out}",
     ]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         math_only = compose(config_name="frontier", overrides=[*overrides, "only=[math]"])
         one_prompt = compose(config_name="frontier", overrides=[*overrides, "chunk_prompts=1"])
         everything = compose(config_name="frontier", overrides=overrides)
         report = compose(config_name="frontier", overrides=[*overrides, "report_only=true"])
-    lines = lambda task: (out / f"records-{task}.jsonl").read_text().splitlines()  # noqa: E731
+    lines = lambda task: (out / f"records-{task}.jsonl").read_text().splitlines()
     run(math_only)
     points = json.loads((out / "points.json").read_text())
     assert len(lines("math")) == len(points) == 6  # ar, sd-adaptive-int8, via-sd, random, faster-cascade, intermediate
@@ -191,8 +248,14 @@ def test_frontier_runs_in_chunks_resumes_and_reports_on_the_tiny_pair(tmp_path):
     markdown = run(everything)
     assert len(lines("text")) == 12 and (out / "records-math.jsonl").stat().st_mtime_ns == stamp
     assert sorted(json.loads(x)["prompt_id"] for x in lines("text")) == ["1"] * 6 + ["4"] * 6
-    for name in ("frontier.md", "frontier.json", "speed_quality.png", "rejection_quality.png", "slim_costs.json",
-                 "profile.json"):
+    for name in (
+        "frontier.md",
+        "frontier.json",
+        "speed_quality.png",
+        "rejection_quality.png",
+        "slim_costs.json",
+        "profile.json",
+    ):
         assert (out / name).stat().st_size > 0, name
     assert "via-sd[1l]@0.5/0.3" in markdown and "MODELLED, not measured" in markdown
     summary = json.loads((out / "frontier.json").read_text())
@@ -204,8 +267,13 @@ def test_frontier_runs_in_chunks_resumes_and_reports_on_the_tiny_pair(tmp_path):
 def test_gated_twins_carry_a_calibrated_gate():
     from viasd_adapters.bench.frontier import gated_point
 
-    cfg = compose_frontier("model_pair=tiny-random", "sweep.masks=[tiny-random-1l]", "sweep.random_masks=null", "sweep.thresholds=[[0.5,0.3]]",
-                           "sweep.gated=['via-sd[1l]@0.5/0.3']")
+    cfg = compose_frontier(
+        "model_pair=tiny-random",
+        "sweep.masks=[tiny-random-1l]",
+        "sweep.random_masks=null",
+        "sweep.thresholds=[[0.5,0.3]]",
+        "sweep.gated=['via-sd[1l]@0.5/0.3']",
+    )
     sweep = instantiate(cfg.sweep, _convert_="all")
     import inspect
 
@@ -230,18 +298,41 @@ def test_gated_point_is_calibrated_on_calibration_prompts_and_run(tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
     calibration = tmp_path / "calibration.jsonl"  # the gate's prompts come from the end of each category
-    calibration.write_text("".join(json.dumps({"question_id": 100 + 10 * k + i, "category": c, "turns": [f"{c} {i}: go on."]}) + "\n"
-                                   for k, c in enumerate(("translation", "qa")) for i in range(4)))
+    calibration.write_text(
+        "".join(
+            json.dumps({"question_id": 100 + 10 * k + i, "category": c, "turns": [f"{c} {i}: go on."]}) + "\n"
+            for k, c in enumerate(("translation", "qa"))
+            for i in range(4)
+        )
+    )
     out = tmp_path / "out"
     overrides = [
-        "model_pair=tiny-random", "runtime.dtype=float32", "runtime.draft_dtype=float32",
-        "sweep.masks=[tiny-random-1l]", "sweep.random_masks=null", "sweep.random_thresholds=null",
-        "sweep.thresholds=[[0.5,0.3]]", "sweep.alphas=[]", "sweep.cascade=null", "sweep.intermediate=null",
-        "sweep.gated=['via-sd[1l]@0.5/0.3']", f"tasks.text.prompts_file={prompts}", "tasks.text.categories=[qa]",
-        "tasks.text.max_new_tokens=6", "~tasks.code", "~tasks.math", "progress=false", "profile.context=16",
-        "profile.tokens=[1,4]", "profile.prefill=[24,32]", "profile.repetitions=2", "warmup_tokens=2",
+        "model_pair=tiny-random",
+        "runtime.dtype=float32",
+        "runtime.draft_dtype=float32",
+        "sweep.masks=[tiny-random-1l]",
+        "sweep.random_masks=null",
+        "sweep.random_thresholds=null",
+        "sweep.thresholds=[[0.5,0.3]]",
+        "sweep.alphas=[]",
+        "sweep.cascade=null",
+        "sweep.intermediate=null",
+        "sweep.gated=['via-sd[1l]@0.5/0.3']",
+        f"tasks.text.prompts_file={prompts}",
+        "tasks.text.categories=[qa]",
+        "tasks.text.max_new_tokens=6",
+        "~tasks.code",
+        "~tasks.math",
+        "progress=false",
+        "profile.context=16",
+        "profile.tokens=[1,4]",
+        "profile.prefill=[24,32]",
+        "profile.repetitions=2",
+        "warmup_tokens=2",
         f"gate.prompts.sources=[{{kind: spec_bench, path: '{calibration}', categories: [translation, qa], num_prompts: 2}}]",
-        "gate.prompts.per_category=1", "gate.max_new_tokens=8", f"out_dir={out}",
+        "gate.prompts.per_category=1",
+        "gate.max_new_tokens=8",
+        f"out_dir={out}",
     ]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="frontier", overrides=overrides)

@@ -7,9 +7,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-import torch
 
 from viasd_adapters.bench.harness import rotated
 from viasd_adapters.cli.bench import run
@@ -17,8 +17,18 @@ from viasd_adapters.configs import CONFIG_DIR
 
 CONF = Path(CONFIG_DIR)
 PROMPTS = [
-    {"question_id": 1, "category": "translation", "turns": ["Translate German to English: Guten Morgen"], "reference": ["Good morning"]},
-    {"question_id": 2, "category": "translation", "turns": ["Translate German to English: Danke schoen"], "reference": "Thank you"},
+    {
+        "question_id": 1,
+        "category": "translation",
+        "turns": ["Translate German to English: Guten Morgen"],
+        "reference": ["Good morning"],
+    },
+    {
+        "question_id": 2,
+        "category": "translation",
+        "turns": ["Translate German to English: Danke schoen"],
+        "reference": "Thank you",
+    },
     {"question_id": 3, "category": "math_reasoning", "turns": ["What is 2 + 3?"], "reference": ["2 + 3 = 5\n#### 5"]},
     {"question_id": 4, "category": "qa", "turns": ["Who wrote Faust?", "When?"]},
 ]
@@ -39,8 +49,14 @@ def tiny_run(tmp_path_factory):
     prompts = tmp / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
     cfg = compose_bench(
-        "model_pair=tiny-random", "runtime.dtype=float32", "method=[ar,sd]", "task=jsonl",
-        f"task.prompts_file={prompts}", "repetitions=2", "max_new_tokens=8", f"out_dir={tmp / 'out'}",
+        "model_pair=tiny-random",
+        "runtime.dtype=float32",
+        "method=[ar,sd]",
+        "task=jsonl",
+        f"task.prompts_file={prompts}",
+        "repetitions=2",
+        "max_new_tokens=8",
+        f"out_dir={tmp / 'out'}",
         "progress=false",
     )
     return run(cfg)
@@ -82,7 +98,9 @@ def test_records_hold_speed_cost_quality_and_load(tiny_run):
     by_category = {r["category"]: r for r in records}
     assert by_category["translation"]["quality_metric"] == "bleu"
     assert by_category["math_reasoning"]["quality_metric"] == "math_accuracy"
-    assert by_category["qa"]["quality_metric"] == "answer_match" and by_category["qa"]["quality"] is None  # no reference
+    assert (
+        by_category["qa"]["quality_metric"] == "answer_match" and by_category["qa"]["quality"] is None
+    )  # no reference
 
 
 def test_method_order_rotates_per_prompt_and_repetition(tiny_run):
@@ -106,7 +124,7 @@ def test_markdown_table_matches_the_jsonl_records(tiny_run):
     assert set(rows) == {"ar", "sd"}
     for method, row in rows.items():
         mine = [r for r in records if r["method"] == method]
-        med = lambda key: statistics.median(r[key] for r in mine)  # noqa: E731
+        med = lambda key, mine=mine: statistics.median(r[key] for r in mine)
         assert row["n"] == str(len(mine))
         assert row["tok/s"] == f"{med('tokens_per_second'):.2f}"
         assert row["speedup vs ar"] == f"{med('speedup_vs_baseline'):.2f}"
@@ -116,7 +134,10 @@ def test_markdown_table_matches_the_jsonl_records(tiny_run):
         assert row["peak RSS MB"] == f"{med('peak_rss_mb'):.0f}"
         assert row["token match vs ar"] == f"{statistics.fmean(r['token_match_vs_baseline'] for r in mine):.3f}"
     assert rows["ar"]["rejection rate"] == "–"
-    assert rows["sd"]["rejection rate"] == f"{statistics.median(r['rejection_rate'] for r in records if r['method'] == 'sd'):.3f}"
+    assert (
+        rows["sd"]["rejection rate"]
+        == f"{statistics.median(r['rejection_rate'] for r in records if r['method'] == 'sd'):.3f}"
+    )
     per_category = parse_table(table, "Per category")
     bleu_row = next(r for r in per_category if r["category"] == "translation" and r["method"] == "sd")
     bleus = [r["quality"] for r in records if r["category"] == "translation" and r["method"] == "sd"]
@@ -128,8 +149,12 @@ def test_baseline_must_be_among_the_methods(tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps(PROMPTS[0]) + "\n")
     cfg = compose_bench(
-        "model_pair=tiny-random", "runtime.dtype=float32", "method=[sd]", "task=jsonl",
-        f"task.prompts_file={prompts}", f"out_dir={tmp_path / 'out'}",
+        "model_pair=tiny-random",
+        "runtime.dtype=float32",
+        "method=[sd]",
+        "task=jsonl",
+        f"task.prompts_file={prompts}",
+        f"out_dir={tmp_path / 'out'}",
     )
     with pytest.raises(ValueError, match="baseline method 'ar' is not among the methods"):
         run(cfg)
@@ -139,8 +164,16 @@ def test_a_bad_prompt_file_fails_first_and_leaves_nothing_behind(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question_id": 1, "category": "qa", "prompt": "hi"}) + "\n")
     out = tmp_path / "out"
-    overrides = ["model_pair=tiny-random", "runtime.dtype=float32", "task=jsonl", f"out_dir={out}", "progress=false",
-                 "repetitions=1", "max_new_tokens=4", "plots=false"]
+    overrides = [
+        "model_pair=tiny-random",
+        "runtime.dtype=float32",
+        "task=jsonl",
+        f"out_dir={out}",
+        "progress=false",
+        "repetitions=1",
+        "max_new_tokens=4",
+        "plots=false",
+    ]
     with pytest.raises(ValueError, match=r"bad.jsonl:1: unknown field\(s\) \['prompt'\]"):
         run(compose_bench(*overrides, f"task.prompts_file={bad}"))
     assert not out.exists()  # no records.jsonl that would block the corrected rerun
@@ -155,9 +188,18 @@ def test_a_bad_prompt_file_fails_first_and_leaves_nothing_behind(tmp_path):
 
 def test_the_default_task_runs_on_the_shipped_prompts(tmp_path):
     """No prompt file given: the set shipped in the package, one prompt per category."""
-    cfg = compose_bench("model_pair=tiny-random", "runtime.dtype=float32", "method=[ar]", "host=null",
-                        "task.categories=[rag,qa]", "repetitions=1", "max_new_tokens=4", "plots=false",
-                        "progress=false", f"out_dir={tmp_path / 'out'}")
+    cfg = compose_bench(
+        "model_pair=tiny-random",
+        "runtime.dtype=float32",
+        "method=[ar]",
+        "host=null",
+        "task.categories=[rag,qa]",
+        "repetitions=1",
+        "max_new_tokens=4",
+        "plots=false",
+        "progress=false",
+        f"out_dir={tmp_path / 'out'}",
+    )
     records = run(cfg).records
     assert [(r["category"], r["prompt_id"]) for r in records] == [("rag", "41"), ("qa", "25")]
     assert all(r["quality_metric"] == "answer_match" and r["quality"] in (0.0, 1.0) for r in records)
@@ -196,9 +238,17 @@ def cores_run(tmp_path_factory):
     prompts = tmp / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS[:2]))
     cfg = compose_bench(
-        "model_pair=tiny-random", "runtime.dtype=float32", "method=[ar,ar-2t,sd,sd-2t]", "task=jsonl",
-        f"task.prompts_file={prompts}", "repetitions=1", "max_new_tokens=8", f"out_dir={tmp / 'out'}",
-        "progress=false", "runtime.threads=1", "plots=false",
+        "model_pair=tiny-random",
+        "runtime.dtype=float32",
+        "method=[ar,ar-2t,sd,sd-2t]",
+        "task=jsonl",
+        f"task.prompts_file={prompts}",
+        "repetitions=1",
+        "max_new_tokens=8",
+        f"out_dir={tmp / 'out'}",
+        "progress=false",
+        "runtime.threads=1",
+        "plots=false",
     )
     return run(cfg)
 
@@ -214,7 +264,9 @@ def test_records_state_cores_and_cpu_time_and_pair_equal_cores(cores_run):
         assert r["baseline_same_cores"] == base["method"]
         assert r["speedup_same_cores"] == pytest.approx(r["tokens_per_second"] / base["tokens_per_second"])
         parts = sum(r[f"{k}_ms_per_token"] for k in ("target", "draft", "slim", "overhead"))
-        assert parts == pytest.approx(r["ms_per_token"]) and r["ms_per_token"] == pytest.approx(1000 / r["tokens_per_second"])
+        assert parts == pytest.approx(r["ms_per_token"]) and r["ms_per_token"] == pytest.approx(
+            1000 / r["tokens_per_second"]
+        )
     sd = by[("sd", "1")]
     assert sd["draft_ms_per_token"] > 0 and sd["speedup_bound_no_overhead"] > sd["speedup_same_cores"]
     assert by[("ar", "1")]["draft_ms_per_token"] == 0.0

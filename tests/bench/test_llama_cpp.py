@@ -41,8 +41,11 @@ def test_llama_cpp_reads_the_same_ids_as_the_converted_model(llama_pipeline):
     streamer = Collect()
     ours = llama_pipeline.generate(ids, 24, SamplingConfig(), streamer=streamer)
     again = llama_pipeline.generate(ids, 24, SamplingConfig())
-    _, ar = run(compose_generate("model_pair=smollm2-135m", "framework=ar", "runtime.dtype=float32",
-                                 f"prompt={PROMPT}", "max_new_tokens=24"))
+    _, ar = run(
+        compose_generate(
+            "model_pair=smollm2-135m", "framework=ar", "runtime.dtype=float32", f"prompt={PROMPT}", "max_new_tokens=24"
+        )
+    )
     assert ours.tokens == again.tokens  # greedy is deterministic
     assert ours.tokens[:8] == ar.tokens[:8] and token_agreement(ours.tokens, ar.tokens)[0] > 0.3
     assert "def " in llama_pipeline.decode(ours.tokens)

@@ -122,6 +122,8 @@ def test_answer_match(answers, text, value):
 def test_answer_match_and_bleu_take_a_single_reference_too():
     assert answer_match(prompt("Canberra"), "It is Canberra.").value == 1.0
     assert answer_match(prompt(None), "x").value is None
-    assert bleu(prompt(["unrelated words here", "the cat sat on the mat"]), "the cat sat on the mat").value == pytest.approx(100.0)
+    assert bleu(
+        prompt(["unrelated words here", "the cat sat on the mat"]), "the cat sat on the mat"
+    ).value == pytest.approx(100.0)
     assert rouge_l(prompt(["nothing in common", "a b c d"]), "a b c d").value == pytest.approx(1.0)
     assert normalize_answer("The  Cat, sat!") == "cat sat"

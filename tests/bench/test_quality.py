@@ -11,9 +11,21 @@ def _run(tmp_path, name, rows):
     """A run directory whose baseline `ar` scored `rows`: (category, metric, quality, tokens, new, budget)."""
     folder = tmp_path / name
     folder.mkdir()
-    records = [{"rep": 0, "method": "ar", "baseline": "ar", "category": c, "prompt_id": str(i), "quality_metric": m,
-                "quality": q, "output_tokens": t, "new_tokens": n, "max_new_tokens": budget}
-               for i, (c, m, q, t, n, budget) in enumerate(rows)]
+    records = [
+        {
+            "rep": 0,
+            "method": "ar",
+            "baseline": "ar",
+            "category": c,
+            "prompt_id": str(i),
+            "quality_metric": m,
+            "quality": q,
+            "output_tokens": t,
+            "new_tokens": n,
+            "max_new_tokens": budget,
+        }
+        for i, (c, m, q, t, n, budget) in enumerate(rows)
+    ]
     records.append({**records[0], "rep": 1, "quality": 1 - records[0]["quality"]})  # only repetition 0 counts
     (folder / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return folder
@@ -24,8 +36,14 @@ def test_binary_metrics_get_wilson_intervals_and_mcnemar_counts(tmp_path):
     ref = [1] * 15 + [0] * 5
     new = [1] * 10 + [0] * 5 + [1] + [0] * 4
     a = _run(tmp_path, "a", [("math", "math_accuracy", q, [1, 2, 3], 3, 8) for q in new])
-    b = _run(tmp_path, "b", [("math", "math_accuracy", q, [1, 2, 4] if i < 10 else [1, 2, 3], 8 if i == 0 else 3, 8)
-                             for i, q in enumerate(ref)])
+    b = _run(
+        tmp_path,
+        "b",
+        [
+            ("math", "math_accuracy", q, [1, 2, 4] if i < 10 else [1, 2, 3], 8 if i == 0 else 3, 8)
+            for i, q in enumerate(ref)
+        ],
+    )
     runs = {"a": load_records(a), "b": load_records(b)}
     by_run = {q.run: q for q in run_quality(runs)}
     assert by_run["b"].n == 20 and by_run["b"].mean == 0.75 and by_run["b"].cut == 1
@@ -43,7 +61,7 @@ def test_continuous_metrics_pair_by_prompt(tmp_path):
     (paired,) = paired_quality({"a": load_records(a), "b": load_records(b)}, "b")
     assert paired.difference == pytest.approx(4 / 3)
     # paired t interval of the differences (1, 1, 2): mean 4/3, sd 0.577, t(2) = 4.303
-    half = 4.303 * 0.57735 / 3 ** 0.5
+    half = 4.303 * 0.57735 / 3**0.5
     assert paired.low == pytest.approx(4 / 3 - half, abs=1e-3) and paired.high == pytest.approx(4 / 3 + half, abs=1e-3)
     assert paired.only_run is None
 
@@ -71,8 +89,16 @@ def test_batched_task_answers_are_scored_and_compared(tmp_path):
     from pathlib import Path
 
     tool = runpy.run_path(str(Path(__file__).parents[2] / "tools" / "task_quality.py"))
-    tool["main"](["model_pair=tiny-random", "runtime.dtype=float32", "task.limit=1", "max_new_tokens=6",
-                  f"out_dir={tmp_path}", "batch_size=3"])
+    tool["main"](
+        [
+            "model_pair=tiny-random",
+            "runtime.dtype=float32",
+            "task.limit=1",
+            "max_new_tokens=6",
+            f"out_dir={tmp_path}",
+            "batch_size=3",
+        ]
+    )
     lines = (tmp_path / "records.jsonl").read_text().splitlines()
     assert len(lines) == 7  # one prompt of each shipped category
     scored = load_records(tmp_path)

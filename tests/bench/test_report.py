@@ -9,18 +9,41 @@ from viasd_adapters.bench.report import ablation, build_report, pooled_tier_shar
 
 def record(method, prompt_id, rep, tps, tiers, quality=None, metric=None, category="c", cores=1, same=None):
     return {
-        "cores": cores, "threads": cores, "speedup_same_cores": tps / 2.0 if same else None,
-        "baseline_same_cores": same, "cpu_seconds_per_token": 0.5, "ms_per_token": 1000 / tps,
-        "target_ms_per_token": 100.0, "draft_ms_per_token": 50.0, "slim_ms_per_token": 0.0,
-        "overhead_ms_per_token": 1000 / tps - 150.0, "speedup_bound_no_overhead": 500 / 150.0 if same else None,
-        "task": "t", "category": category, "prompt_id": prompt_id, "rep": rep, "method": method,
-        "max_new_tokens": 8, "tokens_per_second": tps, "speedup_vs_baseline": tps / 2.0,
-        "speedup_vs_host": None, "mean_accepted_length": 2.0, "rejection_rate": 0.25,
-        "tier_counts": tiers, "full_calls_per_token": 0.5, "slim_calls_per_token": 0.25,
-        "token_match_vs_baseline": 1.0, "exact_match_vs_baseline": 1.0, "peak_rss_mb": 100.0,
-        "system_cpu_percent": 50.0, "process_cpu_percent": 90.0, "loadavg_1m_start": 1.0,
-        "loadavg_1m_end": 1.5, "cpu_count": 2,
-        "quality": quality, "quality_metric": metric,
+        "cores": cores,
+        "threads": cores,
+        "speedup_same_cores": tps / 2.0 if same else None,
+        "baseline_same_cores": same,
+        "cpu_seconds_per_token": 0.5,
+        "ms_per_token": 1000 / tps,
+        "target_ms_per_token": 100.0,
+        "draft_ms_per_token": 50.0,
+        "slim_ms_per_token": 0.0,
+        "overhead_ms_per_token": 1000 / tps - 150.0,
+        "speedup_bound_no_overhead": 500 / 150.0 if same else None,
+        "task": "t",
+        "category": category,
+        "prompt_id": prompt_id,
+        "rep": rep,
+        "method": method,
+        "max_new_tokens": 8,
+        "tokens_per_second": tps,
+        "speedup_vs_baseline": tps / 2.0,
+        "speedup_vs_host": None,
+        "mean_accepted_length": 2.0,
+        "rejection_rate": 0.25,
+        "tier_counts": tiers,
+        "full_calls_per_token": 0.5,
+        "slim_calls_per_token": 0.25,
+        "token_match_vs_baseline": 1.0,
+        "exact_match_vs_baseline": 1.0,
+        "peak_rss_mb": 100.0,
+        "system_cpu_percent": 50.0,
+        "process_cpu_percent": 90.0,
+        "loadavg_1m_start": 1.0,
+        "loadavg_1m_end": 1.5,
+        "cpu_count": 2,
+        "quality": quality,
+        "quality_metric": metric,
     }
 
 
@@ -59,8 +82,12 @@ def test_report_medians_means_and_dashes():
 def test_ablation_gains_and_log_shares():
     records = []
     for pid in (1, 2, 3):
-        records += [record("sd", pid, 0, 2.0, {}), record("a", pid, 0, 2.4, {}), record("b", pid, 0, 3.0, {}),
-                    record("ab", pid, 0, 3.3, {})]
+        records += [
+            record("sd", pid, 0, 2.0, {}),
+            record("a", pid, 0, 2.4, {}),
+            record("b", pid, 0, 3.0, {}),
+            record("ab", pid, 0, 3.3, {}),
+        ]
     text, rows = ablation(records, "sd", ["a", "b"], "ab")
     by = {r["method"]: r for r in rows}
     assert by["a"]["gain"] == pytest.approx(1.2) and by["b"]["gain"] == pytest.approx(1.5)

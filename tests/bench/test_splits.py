@@ -32,7 +32,12 @@ def test_splits_are_disjoint_when_the_budgets_fit():
 
 
 def test_round_robin_interleaves_categories():
-    assert [row["id"] for row in splits.round_robin(splits.evaluation(groups(["b", "a"]), 2))] == ["b0", "a0", "b1", "a1"]
+    assert [row["id"] for row in splits.round_robin(splits.evaluation(groups(["b", "a"]), 2))] == [
+        "b0",
+        "a0",
+        "b1",
+        "a1",
+    ]
 
 
 def test_bad_requests_name_the_problem():

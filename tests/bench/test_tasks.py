@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from viasd_adapters.bench.metrics import QUALITY_METRICS
-from viasd_adapters.bench.tasks import HumanEvalTask, JsonlTask, Prompt, read_prompts_file, resolve_path
+from viasd_adapters.bench.tasks import HumanEvalTask, JsonlTask, read_prompts_file, resolve_path
 from viasd_adapters.configs import CONFIG_DIR
 from viasd_adapters.prompts import DEFAULT, PROMPTS_DIR
 
@@ -75,7 +75,10 @@ def test_categories_limit_and_category_map(tmp_path):
     task = JsonlTask("t", write(tmp_path, rows), limit=2, category_map={"writing": "mt", "roleplay": "mt"})
     prompts = task.prompts()
     assert [(p.id, p.category, p.subcategory) for p in prompts] == [
-        ("1", "mt", "writing"), ("3", "mt", "roleplay"), ("2", "qa", None), ("4", "qa", None)
+        ("1", "mt", "writing"),
+        ("3", "mt", "roleplay"),
+        ("2", "qa", None),
+        ("4", "qa", None),
     ]
     assert prompts[1].reference == "r3"  # the first turn's reference
     only_qa = JsonlTask("t", write(tmp_path, rows), categories=["qa"], limit=None).prompts()
@@ -88,9 +91,15 @@ def test_categories_limit_and_category_map(tmp_path):
 
 def rag_rows(first_id: int, count: int) -> list[dict]:
     """RAG rows as Spec-Bench writes them: `reference` holds, per turn, a list of acceptable answers."""
-    return [{"question_id": first_id + i, "category": "rag",
-             "turns": [f"Passage: The tower in town {i} is {i + 20} metres tall.\nQuestion: How tall is the tower?"],
-             "reference": [[f"{i + 20} metres", f"{i + 20} m"]]} for i in range(count)]
+    return [
+        {
+            "question_id": first_id + i,
+            "category": "rag",
+            "turns": [f"Passage: The tower in town {i} is {i + 20} metres tall.\nQuestion: How tall is the tower?"],
+            "reference": [[f"{i + 20} metres", f"{i + 20} m"]],
+        }
+        for i in range(count)
+    ]
 
 
 def test_rag_rows_load_and_keep_their_acceptable_answers(tmp_path):
@@ -103,10 +112,18 @@ def test_rag_rows_load_and_keep_their_acceptable_answers(tmp_path):
     assert score(prompts[0], "anything").value is None  # no reference: not scored
 
 
-SPEC_BENCH_TASK = dict(category_map={c: "mt_bench" for c in ("writing", "roleplay", "reasoning", "math", "coding",
-                                                             "extraction", "stem", "humanities")},
-                       metrics={"translation": "bleu", "summarization": "rouge_l", "math_reasoning": "math_accuracy",
-                                "rag": "answer_match"})
+SPEC_BENCH_TASK = dict(
+    category_map={
+        c: "mt_bench"
+        for c in ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+    },
+    metrics={
+        "translation": "bleu",
+        "summarization": "rouge_l",
+        "math_reasoning": "math_accuracy",
+        "rag": "answer_match",
+    },
+)
 
 
 @pytest.mark.skipif(SPEC_BENCH is None, reason="no copy of Spec-Bench's question.jsonl here")
@@ -123,7 +140,13 @@ def test_spec_bench_question_file_with_all_480_questions_loads(tmp_path):
     assert len(read_prompts_file(path)) == 480
     prompts = JsonlTask("spec_bench", str(path), **SPEC_BENCH_TASK).prompts()
     assert Counter(p.category for p in prompts) == {
-        "mt_bench": 80, "translation": 80, "summarization": 80, "qa": 80, "math_reasoning": 80, "rag": 80}
+        "mt_bench": 80,
+        "translation": 80,
+        "summarization": 80,
+        "qa": 80,
+        "math_reasoning": 80,
+        "rag": 80,
+    }
     rag = [p for p in prompts if p.category == "rag"]
     assert all(isinstance(p.reference, list) and p.reference for p in rag)
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
@@ -136,8 +159,9 @@ def test_spec_bench_question_file_with_all_480_questions_loads(tmp_path):
 def test_the_shipped_prompt_set_covers_the_categories_and_its_references_score_perfectly():
     assert resolve_path(DEFAULT) == PROMPTS_DIR / "default.jsonl"
     rows = read_prompts_file(DEFAULT)
-    assert Counter(r["category"] for r in rows) == {c: 8 for c in (
-        "mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "code")}
+    assert Counter(r["category"] for r in rows) == {
+        c: 8 for c in ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "code")
+    }
     assert all(len(r["turns"]) == 2 for r in rows if r["category"] == "mt_bench")  # multi-turn chat
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         task = instantiate(compose("bench").task, _convert_="all")  # the default benchmark task

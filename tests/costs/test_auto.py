@@ -17,5 +17,6 @@ def test_without_a_profile_the_schedule_uses_its_stated_fallback_or_fails(tmp_pa
     assert schedule.costs == DraftCosts(0.5, (1.0, 3.0))
     assert schedule.next() == 1  # a verify that costs 2 steps per token: never draft long
     with pytest.raises(FileNotFoundError):  # a profile named explicitly must exist
-        adaptive_draft_length(**names, profile_path=str(tmp_path / "missing.json"),
-                              fallback_costs={"draft_step": 0.5, "verify": [1.0]})
+        adaptive_draft_length(
+            **names, profile_path=str(tmp_path / "missing.json"), fallback_costs={"draft_step": 0.5, "verify": [1.0]}
+        )

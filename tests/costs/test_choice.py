@@ -4,7 +4,7 @@ import pytest
 
 from viasd_adapters.costs import LatencyEntry, LatencyProfile, choose_configuration
 
-from .profiles import AMD, D, INTEL, T, profile_of
+from .profiles import AMD, INTEL, D, T, profile_of
 
 
 def test_the_intel_profile_chooses_sd_in_bf16_and_the_amd_one_greedy_ar():
@@ -22,8 +22,7 @@ def test_the_intel_profile_chooses_sd_in_bf16_and_the_amd_one_greedy_ar():
 def test_a_speedup_is_over_the_fastest_ar_not_ar_in_the_chosen_dtype():
     # fp32 verifies cheaply here but steps slower than bf16: the fp32 SD choice must be priced
     # against bf16 AR (200 ms), not against fp32 AR (300 ms).
-    p = profile_of({(T, "bfloat16"): {1: 200, 2: 400}, (D, "bfloat16"): {1: 20},
-                    (T, "float32"): {1: 300, 2: 300}})
+    p = profile_of({(T, "bfloat16"): {1: 200, 2: 400}, (D, "bfloat16"): {1: 20}, (T, "float32"): {1: 300, 2: 300}})
     choice = choose_configuration(p, D, T, acceptance=0.9, threads=2, draft_dtypes=["bfloat16"], k_max=1)
     assert (choice.framework, choice.dtype) == ("sd", "float32")
     assert choice.ar_tokens_per_second == pytest.approx(5.0)
@@ -32,8 +31,15 @@ def test_a_speedup_is_over_the_fastest_ar_not_ar_in_the_chosen_dtype():
 
 def test_on_an_avx2_cpu_the_flat_int8_target_makes_sd_the_choice():
     """The AVX2 shape (measured, docs/results/int8.md): bf16 and fp32 verifies grow with rows, int8's barely."""
-    p = profile_of({(T, "bfloat16"): {1: 112, 4: 438, 8: 833}, (T, "float32"): {1: 393, 4: 762, 8: 736},
-                    (T, "int8"): {1: 74, 4: 120, 8: 159}, (D, "bfloat16"): {1: 42}, (D, "int8"): {1: 20}})
+    p = profile_of(
+        {
+            (T, "bfloat16"): {1: 112, 4: 438, 8: 833},
+            (T, "float32"): {1: 393, 4: 762, 8: 736},
+            (T, "int8"): {1: 74, 4: 120, 8: 159},
+            (D, "bfloat16"): {1: 42},
+            (D, "int8"): {1: 20},
+        }
+    )
     choice = choose_configuration(p, D, T, acceptance=0.8, threads=2, dtypes=["int8", "bfloat16", "float32"])
     assert (choice.framework, choice.dtype, choice.draft_dtype) == ("sd", "int8", "int8")
     assert choice.fastest_ar_dtype == "int8" and choice.expected_speedup > 1.2
@@ -43,9 +49,14 @@ def test_on_an_avx2_cpu_the_flat_int8_target_makes_sd_the_choice():
 
 def test_the_choice_takes_the_faster_thread_count():
     # A busy host: two threads are slower than one (a 2-thread op waits for its slower thread).
-    busy = LatencyProfile(entries=INTEL.entries + profile_of(
-        {(T, "bfloat16"): {1: 400, 8: 420, 16: 450}, (D, "bfloat16"): {1: 190}}, threads=1).entries)
-    busy.entries = [e if e.threads == 1 else LatencyEntry(e.model, e.dtype, 2, e.context, e.new_tokens, e.ms * 3) for e in busy.entries]
+    busy = LatencyProfile(
+        entries=INTEL.entries
+        + profile_of({(T, "bfloat16"): {1: 400, 8: 420, 16: 450}, (D, "bfloat16"): {1: 190}}, threads=1).entries
+    )
+    busy.entries = [
+        e if e.threads == 1 else LatencyEntry(e.model, e.dtype, 2, e.context, e.new_tokens, e.ms * 3)
+        for e in busy.entries
+    ]
     choice = choose_configuration(busy, D, T, acceptance=0.8, threads=[1, 2])
     assert choice.threads == 1 and choice.dtype == "bfloat16"
 
@@ -53,8 +64,9 @@ def test_the_choice_takes_the_faster_thread_count():
 def test_a_cheaper_quantised_drafter_wins_the_choice_when_the_profile_has_it():
     int8 = "bfloat16+int8-weight"
     p = profile_of({(T, "bfloat16"): {1: 216, 8: 223, 16: 242}, (D, "bfloat16"): {1: 101}, (D, int8): {1: 50}})
-    choice = choose_configuration(p, D, T, acceptance=0.7, threads=2, dtypes=["bfloat16"],
-                                  draft_dtypes=["bfloat16", int8])
+    choice = choose_configuration(
+        p, D, T, acceptance=0.7, threads=2, dtypes=["bfloat16"], draft_dtypes=["bfloat16", int8]
+    )
     plain = choose_configuration(p, D, T, acceptance=0.7, threads=2, dtypes=["bfloat16"])
     assert choice.draft_dtype == int8 and plain.draft_dtype == "bfloat16"
     assert choice.expected_speedup > plain.expected_speedup

@@ -14,15 +14,21 @@ from .profiles import profile_of
 
 def test_the_demo_decodes_with_a_chosen_int8_drafter_beside_greedy_ar(monkeypatch):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("profile", overrides=["model_pair=tiny-random", "prompt=hello there", "max_new_tokens=12",
-                                            "chat_template=false"])
+        cfg = compose(
+            "profile",
+            overrides=["model_pair=tiny-random", "prompt=hello there", "max_new_tokens=12", "chat_template=false"],
+        )
     int8 = "float32+int8-weight"
-    profile = profile_of({("tiny-random", "float32"): {1: 10.0, 8: 11.0}, ("tiny-random", int8): {1: 2.0}},
-                         threads=torch.get_num_threads())
+    profile = profile_of(
+        {("tiny-random", "float32"): {1: 10.0, 8: 11.0}, ("tiny-random", int8): {1: 2.0}},
+        threads=torch.get_num_threads(),
+    )
     choice = Choice("sd", "float32", int8, 3, 1.5, 150.0, 100.0, torch.get_num_threads(), 0.8)
     int8_rows = []
     forward = Int8WeightLinear.forward
-    monkeypatch.setattr(Int8WeightLinear, "forward", lambda self, x: int8_rows.append(x.shape[:-1].numel()) or forward(self, x))
+    monkeypatch.setattr(
+        Int8WeightLinear, "forward", lambda self, x: int8_rows.append(x.shape[:-1].numel()) or forward(self, x)
+    )
     ar, sd = decode_both(cfg, profile, choice)
     assert sd.result.tokens == ar.result.tokens and len(ar.result.tokens) == 12  # fp32 target: lossless
     assert int8_rows and int8 in sd.label  # the drafter that ran is the int8 copy
@@ -34,8 +40,10 @@ def test_the_demo_report_says_where_the_tokens_part_and_why_in_bf16(tmp_path):
         return Decoded(label, GenerationResult(tokens, DecodeStats(new_tokens=len(tokens), seconds=1.0)), "text")
 
     ar = decoded("greedy AR (bfloat16)", [1, 2, 3, 4, 5])
-    for dtype, tokens, says in [("bfloat16", [1, 2, 9, 4, 5], "the same first 2 tokens as greedy AR, then they part (bfloat16"),
-                                ("float32", [1, 2, 3, 4, 5], "same tokens as greedy AR")]:
+    for dtype, tokens, says in [
+        ("bfloat16", [1, 2, 9, 4, 5], "the same first 2 tokens as greedy AR, then they part (bfloat16"),
+        ("float32", [1, 2, 3, 4, 5], "same tokens as greedy AR"),
+    ]:
         choice = Choice("sd", dtype, "bfloat16", 2, 1.5, 7.5, 5.0, 2, 0.6)
         text = report(ProfileOutcome(tmp_path, LatencyProfile(), False, choice, [ar, decoded("SD", tokens)]))
         assert says in text.splitlines()[-1]

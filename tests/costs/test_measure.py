@@ -10,7 +10,9 @@ from viasd_adapters.costs import CostModel, ProfileGrid, measure_pair, measure_p
 
 def test_measure_profile_on_a_tiny_model():
     model = tiny(seed=0).model
-    grid = ProfileGrid(models=["a", "b", "a"], dtypes=["float32"], threads=[1, 64], new_tokens=[1, 3], contexts=[0, 8], repeats=1)
+    grid = ProfileGrid(
+        models=["a", "b", "a"], dtypes=["float32"], threads=[1, 64], new_tokens=[1, 3], contexts=[0, 8], repeats=1
+    )
     assert grid.models == ["a", "b"]
     loads = []
     profile = measure_profile(grid, load=lambda name, dtype, device: loads.append(name) or model, progress=False)
@@ -31,8 +33,16 @@ def test_quantised_drafter_variants_are_measured_as_the_drafter_runs_them(monkey
     from viasd_adapters.models.quantize import Int8WeightLinear
 
     model = tiny(seed=0).model
-    grid = ProfileGrid(models=["a"], dtypes=["float32"], variants=["float32+int8-weight"], variant_models=["a"],
-                       threads=[1], new_tokens=[1, 2], contexts=[4], repeats=1)
+    grid = ProfileGrid(
+        models=["a"],
+        dtypes=["float32"],
+        variants=["float32+int8-weight"],
+        variant_models=["a"],
+        threads=[1],
+        new_tokens=[1, 2],
+        contexts=[4],
+        repeats=1,
+    )
     int8_calls = []  # the variant must time the int8 copy, not the model it was loaded as
     forward = Int8WeightLinear.forward
     monkeypatch.setattr(Int8WeightLinear, "forward", lambda self, x: int8_calls.append(1) or forward(self, x))
@@ -40,8 +50,13 @@ def test_quantised_drafter_variants_are_measured_as_the_drafter_runs_them(monkey
     assert {e.dtype for e in profile.entries} == {"float32", "float32+int8-weight"}
     assert int8_calls
     assert missing_points(profile, grid) is None
-    wider = ProfileGrid(models=["a"], dtypes=["float32"], variants=["float32+int8-weight", "float32+int8-dynamic"],
-                        variant_models=["a"], threads=[1])
+    wider = ProfileGrid(
+        models=["a"],
+        dtypes=["float32"],
+        variants=["float32+int8-weight", "float32+int8-dynamic"],
+        variant_models=["a"],
+        threads=[1],
+    )
     todo = missing_points(profile, wider)
     assert todo.combinations() == [("a", "float32+int8-dynamic")]  # only what the profile lacks
     with pytest.raises(ValueError, match="<dtype>\\+<quantization>"):
@@ -63,9 +78,14 @@ def test_measure_pair_times_slim_views_prefill_and_the_quantised_drafter(monkeyp
     monkeypatch.setattr(Int8WeightLinear, "forward", lambda self, x: int8_rows.append(1) or forward(self, x))
     profile = measure_pair(ModelPair(target, draft), masks, [16], [1, 4], [24, 40], 1, ["int8-weight"])
     shapes = {(e.model, e.dtype, e.context, e.new_tokens, e.layers) for e in profile.entries}
-    assert {("tiny-random", "float32", 16, 4, None), ("tiny-random", "float32", 16, 1, 3.0),
-            ("tiny-random", "float32", 16, 4, 2.0), ("tiny-random", "float32", 0, 40, None),
-            ("tiny-draft", "float32", 16, 1, None), ("tiny-draft", "float32+int8-weight", 16, 4, None)} <= shapes
+    assert {
+        ("tiny-random", "float32", 16, 4, None),
+        ("tiny-random", "float32", 16, 1, 3.0),
+        ("tiny-random", "float32", 16, 4, 2.0),
+        ("tiny-random", "float32", 0, 40, None),
+        ("tiny-draft", "float32", 16, 1, None),
+        ("tiny-draft", "float32+int8-weight", 16, 4, None),
+    } <= shapes
     assert not any(e.layers is not None and e.context == 0 for e in profile.entries)  # prefill: whole models only
     assert len({e.layers for e in profile.entries if e.model == "tiny-random"}) == 3  # two masks of 3 layers: one timed
     assert int8_rows and all(e.ms > 0 for e in profile.entries)

@@ -7,10 +7,15 @@ from viasd_adapters.costs import CostModel, LatencyEntry, LatencyProfile, Line, 
 from .profiles import D, T
 
 
-def _plane(line: Line, model: str, layers_list, tokens_list, L: int, dtype="bfloat16", context=64) -> list[LatencyEntry]:
+def _plane(
+    line: Line, model: str, layers_list, tokens_list, L: int, dtype="bfloat16", context=64
+) -> list[LatencyEntry]:
     """Entries on an exact line: the whole model (layers None, i.e. L) and slim views of it."""
-    return [LatencyEntry(model, dtype, 2, context, n, line.ms(n, l), layers=None if l == L else float(l))
-            for l in layers_list for n in tokens_list]
+    return [
+        LatencyEntry(model, dtype, 2, context, n, line.ms(n, l), layers=None if l == L else float(l))
+        for l in layers_list
+        for n in tokens_list
+    ]
 
 
 def test_fit_recovers_a_known_plane_over_tokens_and_layers():
@@ -32,10 +37,13 @@ def test_fit_of_noisy_timings_never_prices_a_forward_below_zero():
 
 def test_the_cost_model_is_fitted_on_the_profiles_entries_with_each_drafter_variant_its_own_line():
     target, draft, int8 = Line(a=10.0, b=2.0, c=0.5, d=0.01), Line(a=30.0, c=1.0), Line(a=12.0, c=3.0)
-    entries = (_plane(target, T, [28, 20, 14], [1, 4, 8], 28) + _plane(draft, D, [24], [1, 4, 8], 24)
-               + _plane(int8, D, [24], [1, 4, 8], 24, dtype="bfloat16+int8-weight")
-               + [LatencyEntry(T, "bfloat16", 2, 0, n, 100.0 + 3.0 * n) for n in (64, 192)]  # prefill
-               + _plane(Line(a=999.0), T, [28], [1, 4], 28, context=512))  # another context: not mixed in
+    entries = (
+        _plane(target, T, [28, 20, 14], [1, 4, 8], 28)
+        + _plane(draft, D, [24], [1, 4, 8], 24)
+        + _plane(int8, D, [24], [1, 4, 8], 24, dtype="bfloat16+int8-weight")
+        + [LatencyEntry(T, "bfloat16", 2, 0, n, 100.0 + 3.0 * n) for n in (64, 192)]  # prefill
+        + _plane(Line(a=999.0), T, [28], [1, 4], 28, context=512)
+    )  # another context: not mixed in
     profile = LatencyProfile(entries=entries, model_layers={T: 28, D: 24})
     model = CostModel.fit(profile, T, D, "bfloat16", threads=2, context=100)
     assert model.num_layers == 28 and not model.modelled
@@ -71,7 +79,9 @@ def test_a_slim_forward_is_the_target_running_fewer_layers_and_a_separate_middle
     assert costs.forward_ms("slim", 6, slim=12) < costs.forward_ms("target", 6)
     assert costs.forward_ms("slim", 6, slim="draft") == costs.forward_ms("draft", 6)
     # a slim prefill runs its share of the target's layers
-    assert costs.forward_ms("slim", 40, slim=10, first=True) == pytest.approx(0.5 * costs.forward_ms("target", 40, first=True))
+    assert costs.forward_ms("slim", 40, slim=10, first=True) == pytest.approx(
+        0.5 * costs.forward_ms("target", 40, first=True)
+    )
     with pytest.raises(ValueError, match="layers it runs"):
         costs.seconds({"slim": {"calls": 2, "tokens": 10}}, 4)
     with pytest.raises(ValueError, match="not one the cost model prices"):

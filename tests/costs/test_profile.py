@@ -6,14 +6,18 @@ import pytest
 
 from viasd_adapters.costs import CostModel, LatencyEntry, LatencyProfile, load_profile
 
-from .profiles import D, INTEL, T, profile_of
+from .profiles import INTEL, D, T, profile_of
 
 
 def test_ms_interpolates_tokens_and_picks_the_nearest_context():
-    p = LatencyProfile(entries=[
-        LatencyEntry(T, "bfloat16", 1, 128, 1, 100.0), LatencyEntry(T, "bfloat16", 1, 128, 5, 140.0),
-        LatencyEntry(T, "bfloat16", 1, 512, 1, 130.0), LatencyEntry(T, "bfloat16", 1, 512, 5, 170.0),
-    ])
+    p = LatencyProfile(
+        entries=[
+            LatencyEntry(T, "bfloat16", 1, 128, 1, 100.0),
+            LatencyEntry(T, "bfloat16", 1, 128, 5, 140.0),
+            LatencyEntry(T, "bfloat16", 1, 512, 1, 130.0),
+            LatencyEntry(T, "bfloat16", 1, 512, 5, 170.0),
+        ]
+    )
     assert p.ms(T, "bfloat16", 1, 3, context=100) == pytest.approx(120.0)
     assert p.ms(T, "bfloat16", 1, 3, context=400) == pytest.approx(150.0)
     assert p.ms(T, "bfloat16", 1, 9, context=128) == pytest.approx(180.0)  # extended by the last segment

@@ -49,8 +49,9 @@ def test_every_timed_forward_is_fenced_by_device_syncs(monkeypatch):
 def test_the_slim_full_cost_ratio_times_both_in_turn_on_the_given_context(monkeypatch):
     fed = record_forwards(monkeypatch)
     context = torch.arange(10, 22)[None]  # [1, 12]
-    ratio = measure_cost_ratio(tiny(seed=0).model, RoutingMask([1, 2], num_layers=4), context, 3, repetitions=3,
-                               warmup=2)
+    ratio = measure_cost_ratio(
+        tiny(seed=0).model, RoutingMask([1, 2], num_layers=4), context, 3, repetitions=3, warmup=2
+    )
     assert (ratio.new_tokens, ratio.context, ratio.repetitions) == (3, 12, 3)
     assert ratio.full_ms > 0 and ratio.slim_ms > 0 and ratio.ratio > 0
     assert fed[:2] == [("full", 1, 12), ("slim", 1, 12)]  # each prefills the given context once

@@ -59,10 +59,18 @@ def decoders(tiny_pair, request):
 
     def get(name: str):
         if name not in built:
-            extra = {"pearl": ["framework.decoder.backend=thread"],  # a process worker costs seconds to start
-                     "eagle": request.getfixturevalue("eagle_files")}.get(name, [])
-            cfg = compose_generate("model_pair=tiny-random", "runtime.dtype=float32", "runtime.draft_dtype=float32",
-                                   f"framework={name}", "verifier=full", *extra)
+            extra = {
+                "pearl": ["framework.decoder.backend=thread"],  # a process worker costs seconds to start
+                "eagle": request.getfixturevalue("eagle_files"),
+            }.get(name, [])
+            cfg = compose_generate(
+                "model_pair=tiny-random",
+                "runtime.dtype=float32",
+                "runtime.draft_dtype=float32",
+                f"framework={name}",
+                "verifier=full",
+                *extra,
+            )
             built[name] = build_decoder(cfg.framework, cfg.verifier, tiny_pair)
         return built[name]
 

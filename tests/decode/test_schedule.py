@@ -5,8 +5,13 @@ import pytest
 from tests.conftest import perturbed, tiny
 from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
 from viasd_adapters.decode.schedule import (
-    AdaptiveDraftLength, DraftCosts, FixedDraftLength, acceptance_from_rounds, best_draft_length,
-    expected_speedup, expected_tokens_per_round,
+    AdaptiveDraftLength,
+    DraftCosts,
+    FixedDraftLength,
+    acceptance_from_rounds,
+    best_draft_length,
+    expected_speedup,
+    expected_tokens_per_round,
 )
 from viasd_adapters.draft import ModelDrafter
 from viasd_adapters.verify import LosslessVerifier

@@ -123,8 +123,9 @@ def test_combined_configurations_sample_the_target_distribution(framework):
     target, draft = sampling_pair()
     loaded = tiny(seed=0, num_layers=2, init_std=0.5)
     pair = ModelPair(replace(loaded, model=target), replace(loaded, model=draft))
-    cfg = compose_generate("model_pair=tiny-random", "runtime.dtype=float32", "runtime.draft_dtype=float32",
-                           f"framework={framework}")
+    cfg = compose_generate(
+        "model_pair=tiny-random", "runtime.dtype=float32", "runtime.draft_dtype=float32", f"framework={framework}"
+    )
     decoder = build_decoder(cfg.framework, cfg.verifier, pair)
     q, p = exact_marginals(target, PROMPT, 2), exact_marginals(draft, PROMPT, 2)  # [2, V] each
     counts, results = sample_counts(decoder, PROMPT, V, 2, N_SAMPLED)

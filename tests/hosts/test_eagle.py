@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,32 +19,32 @@ eagle_utils = import_or_skip_outside_ci("eagle.model.utils")
 from eagle.model.choices import mc_sim_7b_63  # noqa: E402
 from eagle.model.ea_model import EaModel  # noqa: E402
 
+from viasd_adapters.configs import CONFIG_DIR  # noqa: E402
+from viasd_adapters.decode import AutoregressiveDecoder  # noqa: E402
+from viasd_adapters.hosts.eagle import (  # noqa: E402
+    SHIPPED_HEADS,
+    EagleDecoder,
+    TieredEagle,
+    _parents,
+    draft_tree,
+)
+from viasd_adapters.models.vocab import DraftVocabulary, VocabularyDraftHead  # noqa: E402
+from viasd_adapters.routing import RoutingMask  # noqa: E402
+from viasd_adapters.sampling import Sampler, SamplingConfig  # noqa: E402
 from viasd_adapters.third_party.eagle import (  # noqa: E402
     FULL_WEIGHTS,
-    ea_model_from_target,
     KVBuffers,
     TransformersEagleBase,
     build_head,
+    ea_model_from_target,
     export_head,
     head_config,
     load_ea_model,
     save_head,
 )
-from viasd_adapters.hosts.eagle import (  # noqa: E402
-    EagleDecoder,
-    TieredEagle,
-    SHIPPED_HEADS,
-    _parents,
-    draft_tree,
-)
-from viasd_adapters.decode import AutoregressiveDecoder  # noqa: E402
-from viasd_adapters.models.vocab import DraftVocabulary, VocabularyDraftHead  # noqa: E402
-from viasd_adapters.routing import RoutingMask  # noqa: E402
-from viasd_adapters.sampling import Sampler, SamplingConfig  # noqa: E402
 from viasd_adapters.verify import ConfidencePolicy, LosslessVerifier, Tier  # noqa: E402
 from viasd_adapters.verify.decision import SlimScores  # noqa: E402
 from viasd_adapters.verify.tree import DraftTree, decide_tree  # noqa: E402
-from viasd_adapters.configs import CONFIG_DIR  # noqa: E402
 
 PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
 
@@ -106,8 +105,11 @@ def accepting_pair(request, tmp_path_factory):
         head.fc.weight.zero_()
         head.fc.weight[:, :H] = torch.eye(H)  # fc(cat(embedding, feature)) = embedding
         head.fc.bias.zero_()
-        layer = {k: v for k, v in model.model.layers[0].state_dict().items()
-                 if not k.startswith("input_layernorm") and not k.endswith(".bias")}
+        layer = {
+            k: v
+            for k, v in model.model.layers[0].state_dict().items()
+            if not k.startswith("input_layernorm") and not k.endswith(".bias")
+        }
         head.layers[0].load_state_dict(layer, strict=True)
     save_head(head, config, root / "head", full=False, compact=True)
     return arch, root / "target", root / "head"
@@ -201,8 +203,9 @@ def test_tiered_decoder_counts_tiers_and_calls(tiny_pair):
     _, target, head = tiny_pair
     model = _target(tiny_pair)
     ar = AutoregressiveDecoder(model).generate(PROMPT, 40)
-    decoder = EagleDecoder(target=model, head=head, routing=RoutingMask.none(),
-                           policy=ConfidencePolicy(0.0, 0.0, 0.0), max_unverified=8)
+    decoder = EagleDecoder(
+        target=model, head=head, routing=RoutingMask.none(), policy=ConfidencePolicy(0.0, 0.0, 0.0), max_unverified=8
+    )
     result = decoder.generate(PROMPT, 40)
     assert result.tokens == ar.tokens
     counts = result.stats.tier_counts
@@ -214,8 +217,9 @@ def test_tiered_decoder_counts_tiers_and_calls(tiny_pair):
 def test_tiered_with_a_routed_slim_verifier_runs_and_stops(tiny_pair):
     _, target, head = tiny_pair
     model = _target(tiny_pair)
-    decoder = EagleDecoder(target=model, head=head, routing=RoutingMask(skip_layers=(2,)),
-                           policy=ConfidencePolicy(0.2, 0.0, 0.2))
+    decoder = EagleDecoder(
+        target=model, head=head, routing=RoutingMask(skip_layers=(2,)), policy=ConfidencePolicy(0.2, 0.0, 0.2)
+    )
     result = decoder.generate(PROMPT, 30, stop_token_ids=())
     assert result.stats.new_tokens == 30 == len(result.tokens)
     assert sum(result.stats.tier_counts.values()) > 0
@@ -224,17 +228,18 @@ def test_tiered_with_a_routed_slim_verifier_runs_and_stops(tiny_pair):
 def test_eagle_and_sd_run_the_tiers_through_one_tiered_verifier_object(tiny_pair):
     """The verifier SD gets is the one EAGLE's tree goes to: its tiers, room and counts, its slim view."""
     from tests.conftest import perturbed
+    from viasd_adapters.api import describe
     from viasd_adapters.decode import SpeculativeDecoder
     from viasd_adapters.draft import ModelDrafter
     from viasd_adapters.routing import SlimModel
-    from viasd_adapters.api import describe
     from viasd_adapters.verify import TieredVerifier
 
     _, target, head = tiny_pair
     model = _target(tiny_pair)
     ar = AutoregressiveDecoder(model).generate(PROMPT, 40).tokens
-    verifier = TieredVerifier(model, SlimModel(model, RoutingMask.none()), ConfidencePolicy(0.0, 0.0, 0.0),
-                              max_unverified=8)
+    verifier = TieredVerifier(
+        model, SlimModel(model, RoutingMask.none()), ConfidencePolicy(0.0, 0.0, 0.0), max_unverified=8
+    )
     eagle = EagleDecoder(target=model, head=head, verifier=verifier)
     assert eagle.verifier is verifier
     tree = eagle.generate(PROMPT, 40)
@@ -253,8 +258,9 @@ def test_eagle_and_sd_run_the_tiers_through_one_tiered_verifier_object(tiny_pair
 
 def test_eagle_streams_and_truncates_at_the_context_window_like_the_other_loops(tiny_pair, monkeypatch, caplog):
     _, target, head = tiny_pair
-    decoder = EagleDecoder(target=_target(tiny_pair), head=head, routing=RoutingMask.none(),
-                           policy=ConfidencePolicy(0.3, 0.0, 0.3))
+    decoder = EagleDecoder(
+        target=_target(tiny_pair), head=head, routing=RoutingMask.none(), policy=ConfidencePolicy(0.3, 0.0, 0.3)
+    )
     chunks = []
 
     class Recorder:
@@ -511,7 +517,9 @@ def test_a_missing_head_says_how_to_train_and_pass_one(tiny_pair, tmp_path):
 def test_a_routing_mask_that_is_neither_yaml_nor_a_config_name_is_refused(tiny_pair, tmp_path):
     (tmp_path / "mask.json").write_text("{}")
     for routing in (tmp_path / "mask.json", "no-such-mask"):
-        with pytest.raises(ValueError, match="no routing mask .*: give a RoutingMask, a mask YAML file .*tiny-random-1l"):
+        with pytest.raises(
+            ValueError, match="no routing mask .*: give a RoutingMask, a mask YAML file .*tiny-random-1l"
+        ):
             TieredEagle(_stock(tiny_pair), routing=routing, policy=ConfidencePolicy())
 
 
@@ -541,8 +549,9 @@ def test_compact_head_shares_the_target_embeddings_and_exports_to_eagle_format(t
 
 
 def test_kv_buffers_keep_moves_the_accepted_path():
-    config = transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                                      hidden_size=8, intermediate_size=8)
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, hidden_size=8, intermediate_size=8
+    )
     kv = KVBuffers(config, [0, 1], max_length=16, dtype=torch.float32, device="cpu")
     for k in range(2):
         kv.caches[0][k].cat(torch.arange(10.0).reshape(1, 1, 10, 1).expand(1, 1, 10, 4))
@@ -568,7 +577,9 @@ def tiny_random_eagle(tmp_path_factory):
     from viasd_adapters.pipeline import load_pair
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        pair = load_pair(compose(config_name="generate", overrides=["model_pair=tiny-random"]).model_pair, with_draft=False)
+        pair = load_pair(
+            compose(config_name="generate", overrides=["model_pair=tiny-random"]).model_pair, with_draft=False
+        )
     root = tmp_path_factory.mktemp("tiny-random-eagle")
     config = head_config(pair.target.model.config, intermediate_size=32)
     torch.manual_seed(0)
@@ -584,7 +595,9 @@ def _eagle_decoder(tiny_random_eagle, *overrides, prefix="framework"):
     config = "bench" if prefix != "framework" else "generate"
     keys = [f"{prefix}.decoder.{k}={v}" for k, v in files.items()]
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name=config, overrides=["model_pair=tiny-random", "runtime.dtype=float32", *overrides, *keys])
+        cfg = compose(
+            config_name=config, overrides=["model_pair=tiny-random", "runtime.dtype=float32", *overrides, *keys]
+        )
     node = cfg if prefix == "framework" else cfg.method[prefix.split(".")[1]]
     return cfg, build_decoder(node.framework, node.verifier, pair)
 
@@ -594,8 +607,7 @@ def test_eagle_bench_methods_take_the_verifier_routing_and_policy_groups(tiny_ra
     from hydra.utils import instantiate
 
     pair, _ = tiny_random_eagle
-    cfg, decoder = _eagle_decoder(tiny_random_eagle, f"method=[{method}]",
-                                  prefix=f"method.{method}.framework")
+    cfg, decoder = _eagle_decoder(tiny_random_eagle, f"method=[{method}]", prefix=f"method.{method}.framework")
     assert isinstance(decoder, EagleDecoder)
     ids = torch.tensor([[10, 20, 30, 40]])
     out = decoder.generate(ids, 30)
@@ -613,28 +625,40 @@ def test_framework_eagle_with_verifier_tiered_is_tiered_eagle(tiny_random_eagle)
     """`framework=eagle verifier=tiered` used to build stock EAGLE silently."""
     from hydra.utils import instantiate
 
-    cfg, tiered = _eagle_decoder(tiny_random_eagle, "framework=eagle", "verifier=tiered",
-                                 "verifier.max_unverified=5", "verifier.rejudge=false", "policy.tau_slim=0.5")
+    cfg, tiered = _eagle_decoder(
+        tiny_random_eagle,
+        "framework=eagle",
+        "verifier=tiered",
+        "verifier.max_unverified=5",
+        "verifier.rejudge=false",
+        "policy.tau_slim=0.5",
+    )
     assert tiered.verifier.policy == instantiate(cfg.policy) and tiered.verifier.policy.tau_slim == 0.5
     assert tiered.verifier.max_unverified == 5 and tiered.verifier.rejudge is False
     _, full = _eagle_decoder(tiny_random_eagle, "framework=eagle", "verifier=full")
     assert isinstance(full.verifier, LosslessVerifier)
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (["verifier=faster-cascade"], "verifier=full .* or verifier=tiered"),
-    (["verifier=tiered-intermediate"], "target's own layers"),
-    (["verifier=tiered", "verifier.share_prefix=true", "routing=tiny-random-1l"], "share_prefix=false"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["verifier=faster-cascade"], "verifier=full .* or verifier=tiered"),
+        (["verifier=tiered-intermediate"], "target's own layers"),
+        (["verifier=tiered", "verifier.share_prefix=true", "routing=tiny-random-1l"], "share_prefix=false"),
+    ],
+)
 def test_framework_eagle_refuses_verifiers_it_cannot_run(tiny_random_eagle, overrides, match):
     from viasd_adapters.pipeline import build_decoder
 
     pair, files = tiny_random_eagle
     keys = [f"framework.decoder.{k}={v}" for k, v in files.items()]
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name="generate", overrides=["model_pair=tiny-random", "framework=eagle", *overrides, *keys])
+        cfg = compose(
+            config_name="generate", overrides=["model_pair=tiny-random", "framework=eagle", *overrides, *keys]
+        )
     if "pair.draft" in cfg.verifier.values():
         from viasd_adapters.pipeline import load_pair
+
         pair = load_pair(cfg.model_pair)  # the intermediate model is the pair's draft
     with pytest.raises(InstantiationException, match=match):  # Hydra's wrapper around the ValueError
         build_decoder(cfg.framework, cfg.verifier, pair)
@@ -646,7 +670,9 @@ def test_head_training_runs_a_few_steps_and_resumes(tmp_path):
 
     def cfg(steps):
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            base = compose(config_name="train_eagle", overrides=["model_pair=tiny-random", "runtime.draft_dtype=float32"])
+            base = compose(
+                config_name="train_eagle", overrides=["model_pair=tiny-random", "runtime.draft_dtype=float32"]
+            )
         base.out_dir = str(tmp_path / "head")
         base.progress = False
         t = base.training
@@ -687,8 +713,9 @@ def test_sampled_answers_are_seeded_resumed_and_held_out_with_their_prompt(tmp_p
     assert [g["id"] for g in first] == [f"p{i}" for i in range(5)] + [f"p{i}#{k}" for k in (1, 2) for i in range(5)]
     again = generate_answers(loaded, prompts, cfg, tmp_path / "b.jsonl", progress=False)
     assert again == first  # seeded
-    other = generate_answers(loaded, prompts, DataConfig(**{**cfg.__dict__, "seed": 1}), tmp_path / "c.jsonl",
-                             progress=False)
+    other = generate_answers(
+        loaded, prompts, DataConfig(**{**cfg.__dict__, "seed": 1}), tmp_path / "c.jsonl", progress=False
+    )
     assert [g["answer_ids"] for g in other[5:]] != [g["answer_ids"] for g in first[5:]]
     assert [g["answer_ids"] for g in other[:5]] == [g["answer_ids"] for g in first[:5]]  # greedy: unseeded
     lines = (tmp_path / "a.jsonl").read_text()
@@ -743,8 +770,9 @@ def test_smollm2_slim_off_matches_stock_eagenerate_and_tiers_run():
     folder, head = _smollm2()
     ea = load_ea_model(folder, head, dtype=torch.float32)
     tok = ea.tokenizer
-    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                  add_generation_prompt=True, return_tensors="pt")
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, return_tensors="pt"
+    )
     stock = ea.eagenerate(ids, max_new_tokens=24)
     assert torch.equal(TieredEagle(ea).eagenerate(ids, max_new_tokens=24), stock)
     perfect = TieredEagle(ea, routing=RoutingMask.none(), policy=ConfidencePolicy(0.5, 0.0, 0.5))
@@ -760,14 +788,18 @@ def test_smollm2_slim_off_matches_stock_eagenerate_and_tiers_run():
 def test_smollm2_stock_loader_slim_off_identity_and_routed_tiers():
     folder, head = _smollm2()
     ea = load_ea_model(folder, head, backend="eagle", dtype=torch.float32)
-    ids = ea.tokenizer.apply_chat_template([{"role": "user", "content": "Write a haiku about the sea."}],
-                                           add_generation_prompt=True, return_tensors="pt")
+    ids = ea.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Write a haiku about the sea."}], add_generation_prompt=True, return_tensors="pt"
+    )
     stock = ea.eagenerate(ids, max_new_tokens=48)
     assert torch.equal(TieredEagle(ea).eagenerate(ids, max_new_tokens=48), stock)
     with pytest.raises(ValueError, match="backend='transformers'"):  # the slim view runs transformers layers
         TieredEagle(ea, routing=RoutingMask(skip_layers=(14,)), policy=ConfidencePolicy(0.9, 0.0, 0.9))
-    routed = TieredEagle(load_ea_model(folder, head, dtype=torch.float32), routing=RoutingMask(skip_layers=(14,)),
-                         policy=ConfidencePolicy(0.9, 0.0, 0.9))
+    routed = TieredEagle(
+        load_ea_model(folder, head, dtype=torch.float32),
+        routing=RoutingMask(skip_layers=(14,)),
+        policy=ConfidencePolicy(0.9, 0.0, 0.9),
+    )
     assert routed.eagenerate(ids, max_new_tokens=48).shape[1] > ids.shape[1]
     assert routed.stats["slim"].calls > 0
 
@@ -791,7 +823,7 @@ def test_qwen2_coder_eagle_tree_decoding_on_the_transformers_base(tmp_path):
     stock = ea.eagenerate(ids, max_new_tokens=16)
     assert torch.equal(TieredEagle(ea).eagenerate(ids, max_new_tokens=16), stock)
     ar = AutoregressiveDecoder(loaded.model).generate(ids, 16).tokens
-    eagle = stock[0, ids.shape[1]:].tolist()[:16]
+    eagle = stock[0, ids.shape[1] :].tolist()[:16]
     # bf16: a tree forward and a one-token forward may round apart at a near-tie; never early on
     assert eagle[:8] == ar[:8]
 
@@ -847,8 +879,9 @@ def test_tiered_eagle_on_the_compiled_int8_target_scores_trees_on_the_compiled_v
     quantize_linears(model, "int8", outliers=calibrate_outliers(model, AutoTokenizer.from_pretrained(target)))
     attach_step(model)
     ar = AutoregressiveDecoder(model).generate(PROMPT, 40)
-    decoder = EagleDecoder(target=model, head=head, routing=RoutingMask.none(),
-                           policy=ConfidencePolicy(0.3, 0.0, 0.3), max_unverified=8)
+    decoder = EagleDecoder(
+        target=model, head=head, routing=RoutingMask.none(), policy=ConfidencePolicy(0.3, 0.0, 0.3), max_unverified=8
+    )
     assert decoder.model.verifier.slim.step is not None
     out = decoder.generate(PROMPT, 40)
     assert out.tokens == ar.tokens

@@ -16,18 +16,18 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from viasd_adapters.third_party.pearl import DraftWorkerError, PearlConfig, PearlEngine
-from viasd_adapters.third_party.pearl.testing import ToyJudge, ToyProposer, toy_reference
 from tests.conftest import exact_marginals, perturbed
-from tests.verify.statistics import P_MIN, POWER, chi_square_p, chi_square_power, sample_counts, total_variation
 from tests.decode.test_loops import N_SAMPLED, PROMPT, sampling_pair
-from viasd_adapters.hosts.pearl import PearlDecoder
+from tests.verify.statistics import P_MIN, POWER, chi_square_p, chi_square_power, sample_counts, total_variation
+from viasd_adapters.configs import CONFIG_DIR
 from viasd_adapters.decode import AutoregressiveDecoder
 from viasd_adapters.draft import ModelDrafter
+from viasd_adapters.hosts.pearl import PearlDecoder
 from viasd_adapters.pipeline import build_decoder, load_pair
 from viasd_adapters.sampling import SamplingConfig
+from viasd_adapters.third_party.pearl import DraftWorkerError, PearlConfig, PearlEngine
+from viasd_adapters.third_party.pearl.testing import ToyJudge, ToyProposer, toy_reference
 from viasd_adapters.verify import ConfidencePolicy, LosslessVerifier, Tier, TieredVerifier, Verifier
-from viasd_adapters.configs import CONFIG_DIR
 
 TOY_PROMPT = torch.tensor([[3, 5, 7]])
 SAMPLED = SamplingConfig(temperature=1.0, seed=11)
@@ -262,17 +262,21 @@ def test_no_orphan_when_the_parent_dies_while_the_worker_loads(tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(_SLOW_START_SCRIPT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                              start_new_session=True)
+    parent = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
+    )
     try:
         deadline, worker = time.monotonic() + 60, None
         while worker is None and time.monotonic() < deadline and parent.poll() is None:
-            workers = [c for c in psutil.Process(parent.pid).children()
-                       if "resource_tracker" not in " ".join(c.cmdline())]
+            workers = [
+                c for c in psutil.Process(parent.pid).children() if "resource_tracker" not in " ".join(c.cmdline())
+            ]
             worker = workers[0] if workers else None
             time.sleep(0.2)
         if worker is None:
-            pytest.fail(f"no draft worker started: {parent.stderr.read().decode()[-2000:] if parent.poll() is not None else ''}")
+            pytest.fail(
+                f"no draft worker started: {parent.stderr.read().decode()[-2000:] if parent.poll() is not None else ''}"
+            )
         time.sleep(3)  # well inside its minute of loading
         parent.kill()
         parent.wait(30)
@@ -428,7 +432,12 @@ def test_framework_pearl_composes_with_a_pair_and_equals_ar():
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(
             config_name="generate",
-            overrides=["model_pair=tiny-random", "framework=pearl", "verifier=full", "framework.decoder.backend=thread"],
+            overrides=[
+                "model_pair=tiny-random",
+                "framework=pearl",
+                "verifier=full",
+                "framework.decoder.backend=thread",
+            ],
         )
         ar_cfg = compose(config_name="generate", overrides=["model_pair=tiny-random", "framework=ar"])
     pair = load_pair(cfg.model_pair)

@@ -117,8 +117,9 @@ def test_auto_compiles_large_int8_models_on_cpu_only():
         ModelSpec("x", compile="sometimes")
 
 
-@pytest.mark.parametrize("mask", [RoutingMask([2]), RoutingMask([3], skip_attention=[1], skip_mlp=[2])],
-                         ids=["layer", "sub-blocks"])
+@pytest.mark.parametrize(
+    "mask", [RoutingMask([2]), RoutingMask([3], skip_attention=[1], skip_mlp=[2])], ids=["layer", "sub-blocks"]
+)
 @torch.no_grad()
 def test_a_slim_view_runs_its_own_plan_on_the_targets_compiled_layer(int8_model, mask):
     """The view's step skips what the mask skips (close to the eager view's logits), and its blocks

@@ -14,8 +14,8 @@ from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
 from viasd_adapters.draft import ModelDrafter, PromptLookupDrafter
 from viasd_adapters.models import ModelSpec, TinyModelConfig, load_model
 from viasd_adapters.models.quantize import Int8Linear, Int8Projection, quantize_linears
-from viasd_adapters.models.vocab import DraftVocabulary, ReducedHead
 from viasd_adapters.models.spec import check_precision
+from viasd_adapters.models.vocab import DraftVocabulary, ReducedHead
 from viasd_adapters.sampling import SamplingConfig
 from viasd_adapters.verify import LosslessVerifier
 
@@ -87,7 +87,9 @@ def test_sibling_projections_share_one_gemm_and_compute_what_they_compute_alone(
     fused = quantize_linears(copy.deepcopy(model), "int8")
     reference = layer_by_layer_int8(model)
     attention = fused.model.layers[0].self_attn
-    assert isinstance(attention.q_proj, Int8Projection) and isinstance(fused.model.layers[0].mlp.up_proj, Int8Projection)
+    assert isinstance(attention.q_proj, Int8Projection) and isinstance(
+        fused.model.layers[0].mlp.up_proj, Int8Projection
+    )
     assert torch.equal(fused(PROMPT).logits, reference(PROMPT).logits)
 
     x, other = torch.randn(2, 3, model.config.hidden_size)
@@ -137,8 +139,12 @@ def test_a_verify_block_computes_what_one_token_steps_compute(int8_pair):
     cache = model(PROMPT[:, :-5], use_cache=True).past_key_values
     steps_cache = copy.deepcopy(cache)
     block = model(PROMPT[:, -5:], past_key_values=cache, use_cache=True).logits[0]  # [5, V]
-    steps = torch.cat([model(PROMPT[:, i : i + 1], past_key_values=steps_cache, use_cache=True).logits[0]
-                       for i in range(PROMPT.shape[1] - 5, PROMPT.shape[1])])
+    steps = torch.cat(
+        [
+            model(PROMPT[:, i : i + 1], past_key_values=steps_cache, use_cache=True).logits[0]
+            for i in range(PROMPT.shape[1] - 5, PROMPT.shape[1])
+        ]
+    )
     assert torch.equal(block, steps)
 
 
@@ -177,14 +183,19 @@ def test_int8_sampling_follows_the_int8_target(int8_pair):
         keep = exact[step] * n >= 5  # chi-square needs expected counts of at least 5: pool the rest
         observed = torch.cat([counts[step][keep], counts[step][~keep].sum()[None]])
         expected = torch.cat([exact[step][keep], exact[step][~keep].sum()[None]]) * n
-        assert chisquare(observed.numpy(), expected.numpy() * observed.sum().item() / expected.sum().item()).pvalue > 1e-3
+        assert (
+            chisquare(observed.numpy(), expected.numpy() * observed.sum().item() / expected.sum().item()).pvalue > 1e-3
+        )
 
 
-@pytest.mark.parametrize("dtype, device, message", [
-    ("int4", "cpu", "is not one of"),
-    ("int8", "cuda", "CPUs only"),
-    ("int8", "meta", "CPUs only"),
-])
+@pytest.mark.parametrize(
+    "dtype, device, message",
+    [
+        ("int4", "cpu", "is not one of"),
+        ("int8", "cuda", "CPUs only"),
+        ("int8", "meta", "CPUs only"),
+    ],
+)
 def test_bad_precisions_are_refused_before_loading(dtype, device, message):
     with pytest.raises(ValueError, match=message):
         ModelSpec("qwen2.5-coder-1.5b-instruct", dtype=dtype, device=device)

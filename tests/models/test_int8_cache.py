@@ -14,8 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from tests.conftest import tiny
-from viasd_adapters.models import ModelSpec, load_model
-from viasd_adapters.models import int8_cache, quantize
+from viasd_adapters.models import ModelSpec, int8_cache, load_model, quantize
 from viasd_adapters.models.int8_cache import cache_path
 from viasd_adapters.models.quantize import Int8Linear
 

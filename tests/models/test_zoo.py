@@ -109,9 +109,7 @@ def test_failed_conversion_leaves_no_folder(monkeypatch, tmp_path):
     # The first chunk of the 0.5B alone is a truncated GGUF: conversion fails part-way.
     monkeypatch.setenv("VIASD_CACHE", str(tmp_path))
     qwen = OFFLINE_MODELS[QWEN_05]
-    broken = OfflineSource(
-        "broken-model", qwen.packages[:1], qwen.version, qwen.files[:1], qwen.upstream
-    )
+    broken = OfflineSource("broken-model", qwen.packages[:1], qwen.version, qwen.files[:1], qwen.upstream)
     monkeypatch.setitem(OFFLINE_MODELS, broken.name, broken)
     with pytest.raises(ValueError):  # the GGUF reader cannot reshape the truncated tensors
         ensure_cached(broken.name)
@@ -189,9 +187,7 @@ def _assert_cache_reproduces_gguf_logits(name: str, tmp_path: Path):
     with torch.no_grad():
         cached = loaded.model(ids).logits
     del loaded  # two fp32 copies of the 1.5B would need 14 GB
-    reference = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-    )
+    reference = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     with torch.no_grad():
         expected = reference.eval()(ids).logits
     assert torch.equal(cached, expected)

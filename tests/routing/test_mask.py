@@ -57,8 +57,13 @@ def test_normalisation():
 
 
 def test_yaml_round_trip_and_hydra(tmp_path):
-    mask = RoutingMask([12, 13, 14], skip_attention=[2], num_layers=28, model="m",
-                       provenance={"budget": {"kind": "layers", "value": 3}, "kl": 0.1})
+    mask = RoutingMask(
+        [12, 13, 14],
+        skip_attention=[2],
+        num_layers=28,
+        model="m",
+        provenance={"budget": {"kind": "layers", "value": 3}, "kl": 0.1},
+    )
     path = mask.to_yaml(tmp_path / "m-3l.yaml")
     loaded = RoutingMask.from_yaml(path)
     assert loaded == mask and loaded.provenance == mask.provenance

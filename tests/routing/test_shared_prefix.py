@@ -39,6 +39,7 @@ def layer_tokens(model) -> tuple[list[int], list]:
     def hook(i):
         def count(module, args, kwargs):
             counts[i] += (args[0] if args else kwargs["hidden_states"]).shape[1]
+
         return count
 
     handles = [layer.register_forward_pre_hook(hook(i), with_kwargs=True) for i, layer in enumerate(model.model.layers)]

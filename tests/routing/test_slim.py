@@ -192,8 +192,16 @@ def _tiny_from_config(config):
     return AutoModelForCausalLM.from_config(config).eval()
 
 
-SMALL = dict(vocab_size=257, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
+SMALL = dict(
+    vocab_size=257,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=128,
+)
 
 
 @pytest.mark.parametrize(
@@ -211,8 +219,9 @@ def test_other_families(config):
     model = _tiny_from_config(config)
     with torch.no_grad():
         torch.testing.assert_close(SlimModel(model, RoutingMask.none())(IDS).logits, model(IDS).logits)
-    for a, b in zip(rollback_session(CausalLMRunner(model)),
-                    rollback_session(CausalLMRunner(SlimModel(model, RoutingMask.none())))):
+    for a, b in zip(
+        rollback_session(CausalLMRunner(model)), rollback_session(CausalLMRunner(SlimModel(model, RoutingMask.none())))
+    ):
         torch.testing.assert_close(a, b)
     slim = SlimModel(model, RoutingMask([0, 2]))
     with torch.no_grad():
@@ -231,10 +240,12 @@ def test_hydra_factory_for_the_tiered_verifier():
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.create({
-        "routing": {"_target_": "viasd_adapters.routing.RoutingMask", "_convert_": "all", "skip_layers": [1]},
-        "slim": {"_target_": "viasd_adapters.routing.SlimModel", "_partial_": True, "mask": "${routing}"},
-    })
+    cfg = OmegaConf.create(
+        {
+            "routing": {"_target_": "viasd_adapters.routing.RoutingMask", "_convert_": "all", "skip_layers": [1]},
+            "slim": {"_target_": "viasd_adapters.routing.SlimModel", "_partial_": True, "mask": "${routing}"},
+        }
+    )
     factory = instantiate(cfg.slim)
     model = tiny(seed=0).model
     slim = factory(model)

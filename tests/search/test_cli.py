@@ -10,9 +10,9 @@ from omegaconf import OmegaConf
 
 from viasd_adapters.cli import eval_mask as eval_cli
 from viasd_adapters.cli import search as search_cli
-from viasd_adapters.routing import RoutingMask
-from viasd_adapters.search.calibration import select_prompts, PromptSource
 from viasd_adapters.configs import CONFIG_DIR
+from viasd_adapters.routing import RoutingMask
+from viasd_adapters.search.calibration import PromptSource, select_prompts
 
 CONF = CONFIG_DIR
 
@@ -20,15 +20,20 @@ CONF = CONFIG_DIR
 @pytest.fixture
 def prompts_file(tmp_path) -> Path:
     path = tmp_path / "questions.jsonl"
-    rows = [{"question_id": 10 * c + i, "category": cat, "turns": [f"{cat} question {i}: say something."]}
-            for c, cat in enumerate(["qa", "writing"]) for i in range(6)]
+    rows = [
+        {"question_id": 10 * c + i, "category": cat, "turns": [f"{cat} question {i}: say something."]}
+        for c, cat in enumerate(["qa", "writing"])
+        for i in range(6)
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows))
     return path
 
 
 def tiny_overrides(tmp_path, prompts_file) -> list[str]:
     return [
-        "model_pair=tiny-random", "runtime.dtype=float32", "progress=false",
+        "model_pair=tiny-random",
+        "runtime.dtype=float32",
+        "progress=false",
         f"cache_dir={tmp_path}/cache",
         f"calibration.sources=[{{kind: spec_bench, path: '{prompts_file}', num_prompts: 2}}]",
         "calibration.max_new_tokens=12",
@@ -39,12 +44,18 @@ def test_calibration_splits_are_disjoint_and_from_the_end(prompts_file):
     source = PromptSource("spec_bench", 2, str(prompts_file))
     calib = select_prompts(source, "calibration", 1)
     held = select_prompts(source, "heldout", 1)
-    assert calib == [("spec_bench/5", "qa question 5: say something."),
-                     ("spec_bench/15", "writing question 5: say something.")]
+    assert calib == [
+        ("spec_bench/5", "qa question 5: say something."),
+        ("spec_bench/15", "writing question 5: say something."),
+    ]
     assert [p for p, _ in held] == ["spec_bench/4", "spec_bench/14"]
     # Two per category: the last two of each category, round-robin; held out: the two before.
     assert [p for p, _ in select_prompts(PromptSource("spec_bench", 4, str(prompts_file)), "calibration", 2)] == [
-        "spec_bench/5", "spec_bench/15", "spec_bench/4", "spec_bench/14"]
+        "spec_bench/5",
+        "spec_bench/15",
+        "spec_bench/4",
+        "spec_bench/14",
+    ]
     assert [p for p, _ in select_prompts(source, "heldout", 2)] == ["spec_bench/3", "spec_bench/13"]
     with pytest.raises(ValueError, match="too few"):
         select_prompts(source, "heldout", 3)
@@ -53,8 +64,14 @@ def test_calibration_splits_are_disjoint_and_from_the_end(prompts_file):
 def test_search_writes_into_the_user_config_dir_and_resumes(tmp_path, prompts_file, monkeypatch):
     monkeypatch.setenv("VIASD_CONFIG_DIR", str(tmp_path / "user"))
     overrides = tiny_overrides(tmp_path, prompts_file) + [
-        "search=layers", "search.budget.amount=2", "search.config.num_random=3", "search.config.num_tpe=4",
-        "search.baselines.greedy=2", f"out_dir={tmp_path}/out", "mask_name=tiny-2l", f"docs_dir={tmp_path}/docs",
+        "search=layers",
+        "search.budget.amount=2",
+        "search.config.num_random=3",
+        "search.config.num_tpe=4",
+        "search.baselines.greedy=2",
+        f"out_dir={tmp_path}/out",
+        "mask_name=tiny-2l",
+        f"docs_dir={tmp_path}/docs",
     ]
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose("search", overrides=overrides)
@@ -96,13 +113,21 @@ def test_search_refuses_bad_mask_names_before_loading(tmp_path, prompts_file, mo
         with pytest.raises(ValueError, match=message):
             search_cli.run(cfg)
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        cfg = compose("search", overrides=["model_pair=tiny-random", f"cache_dir={tmp_path}/cache",
-                                           f"calibration.sources.0.path={tmp_path}/missing.jsonl"])
+        cfg = compose(
+            "search",
+            overrides=[
+                "model_pair=tiny-random",
+                f"cache_dir={tmp_path}/cache",
+                f"calibration.sources.0.path={tmp_path}/missing.jsonl",
+            ],
+        )
     with pytest.raises(ValueError, match=r"does not exist.*set calibration\.sources\.0\.path=PATH"):
         search_cli.run(cfg)
     assert not (tmp_path / "cache").exists()  # it stopped before any model or text was built
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        cfg = compose("search", overrides=tiny_overrides(tmp_path, prompts_file) + ["search.seeds=[routing:no-such-mask]"])
+        cfg = compose(
+            "search", overrides=tiny_overrides(tmp_path, prompts_file) + ["search.seeds=[routing:no-such-mask]"]
+        )
     with pytest.raises(ValueError, match="no routing mask for seed 'routing:no-such-mask'.*tiny-random-1l"):
         search_cli.run(cfg)
     assert not (tmp_path / "cache").exists()
@@ -144,8 +169,14 @@ def prompts_file_like(tmp_path) -> Path:
 
 def test_eval_mask(tmp_path, prompts_file):
     overrides = tiny_overrides(tmp_path, prompts_file) + [
-        "routing=none", "routing.skip_layers=[2]", "num_random=2", "timing.repetitions=2", "timing.warmup=0",
-        "timing.context_tokens=20", f"out_dir={tmp_path}/eval", f"docs_dir={tmp_path}/docs",
+        "routing=none",
+        "routing.skip_layers=[2]",
+        "num_random=2",
+        "timing.repetitions=2",
+        "timing.warmup=0",
+        "timing.context_tokens=20",
+        f"out_dir={tmp_path}/eval",
+        f"docs_dir={tmp_path}/docs",
         f"greedy_calibration.sources=[{{kind: spec_bench, path: '{prompts_file}', num_prompts: 2}}]",
         "greedy_calibration.max_new_tokens=12",
     ]
@@ -199,8 +230,9 @@ def test_calibration_texts_are_cached_per_prompt(tmp_path, prompts_file):
     one = build_calibration(loaded, CalibrationConfig([source], max_new_tokens=6), tmp_path, progress=False)
     files = list((tmp_path / "calibration").glob("*.json"))
     assert len(files) == 1 and len(json.loads(files[0].read_text())["texts"]) == 1
-    two = build_calibration(loaded, CalibrationConfig([{**source, "num_prompts": 2}], max_new_tokens=6), tmp_path,
-                            progress=False)
+    two = build_calibration(
+        loaded, CalibrationConfig([{**source, "num_prompts": 2}], max_new_tokens=6), tmp_path, progress=False
+    )
     assert two.texts[0] == one.texts[0] and len(two.texts) == 2 and two.key != one.key
     assert len(json.loads(files[0].read_text())["texts"]) == 2  # the first text was reused, the second added
     assert all(t.num_scored == 6 and len(t.ids) > 6 for t in two.texts)
@@ -212,19 +244,40 @@ def test_cost_aware_search_prices_masks_with_a_profile(tmp_path, prompts_file):
     from viasd_adapters.costs import LatencyEntry, LatencyProfile
 
     # The tiny target whole (layers None) and as slim views: 0.1 ms per call and 0.225 per layer run
-    entries = [LatencyEntry("tiny-random", "float32", torch.get_num_threads(), 128, n, 0.1 + 0.225 * l,
-                            layers=None if l == 4 else float(l)) for l in (4, 3, 2) for n in (1, 6)]
+    entries = [
+        LatencyEntry(
+            "tiny-random",
+            "float32",
+            torch.get_num_threads(),
+            128,
+            n,
+            0.1 + 0.225 * l,
+            layers=None if l == 4 else float(l),
+        )
+        for l in (4, 3, 2)
+        for n in (1, 6)
+    ]
     profile = LatencyProfile(entries=entries, model_layers={"tiny-random": 4}).save(tmp_path / "profile.json")
     base = tiny_overrides(tmp_path, prompts_file) + [
-        "search=layers", "search.budget.amount=1", "search.config.num_random=2", "search.config.num_tpe=2",
-        "search.baselines.sensitivity=false", "search.config.cost=expected", f"out_dir={tmp_path}/out-expected",
+        "search=layers",
+        "search.budget.amount=1",
+        "search.config.num_random=2",
+        "search.config.num_tpe=2",
+        "search.baselines.sensitivity=false",
+        "search.config.cost=expected",
+        f"out_dir={tmp_path}/out-expected",
         "search.candidates=[layer1,layer3,layer2]",  # explicit blocks: no sensitivity table needed
     ]
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        cfg = compose("search", overrides=base + [f"search.expected.profile={profile}", "search.seeds=[routing:tiny-random-1l]"])
+        cfg = compose(
+            "search", overrides=base + [f"search.expected.profile={profile}", "search.seeds=[routing:tiny-random-1l]"]
+        )
         no_profile = compose("search", overrides=base + ["search.seeds=[]"])
-        misfit = compose("search", overrides=base + [f"search.expected.profile={profile}", "search.budget.amount=2",
-                                                     "search.seeds=[routing:tiny-random-1l]"])
+        misfit = compose(
+            "search",
+            overrides=base
+            + [f"search.expected.profile={profile}", "search.budget.amount=2", "search.seeds=[routing:tiny-random-1l]"],
+        )
     with pytest.raises(ValueError, match="profile"):
         search_cli.run(no_profile)
     out = search_cli.run(cfg)
@@ -235,7 +288,9 @@ def test_cost_aware_search_prices_masks_with_a_profile(tmp_path, prompts_file):
         assert t.loss == pytest.approx(t.metrics.expected) and 0.0 <= t.metrics.settled <= 1.0
         assert t.metrics.block_cost > 0
     facts = out.mask.provenance["expected_cost"]
-    assert facts["block"] == 5 and facts["profile"].endswith("torch threads" if torch.get_num_threads() > 1 else "thread")
+    assert facts["block"] == 5 and facts["profile"].endswith(
+        "torch threads" if torch.get_num_threads() > 1 else "thread"
+    )
     report = out.report_path.read_text()
     best = out.result.best.metrics
     assert "Expected verify cost per block" in report
@@ -253,12 +308,12 @@ def test_cost_aware_search_ranks_single_blocks_by_kl():
     from viasd_adapters.search.space import Budget, MaskSpace
 
     # layer:      0     1     2     3
-    kl =       [3.0,  0.1,  0.2,  2.0]
-    expected = [1.0,  0.9,  0.8,  0.5]  # the last layers look cheapest alone
+    kl = [3.0, 0.1, 0.2, 2.0]
+    expected = [1.0, 0.9, 0.8, 0.5]  # the last layers look cheapest alone
     rows = [MaskMetrics(k, 0.5, 10, expected=e, block_cost=e, settled=0.0, wrong=0.0) for k, e in zip(kl, expected)]
     baselines = Baselines(sensitivity=Sensitivity(rows))
     assert search_cli._candidates(2, baselines, "layers", "expected") == [("layer", 1), ("layer", 2)]
     assert search_cli._candidates(2, baselines, "layers", "kl") == [("layer", 1), ("layer", 2)]
     space = MaskSpace(4, Budget("layers", 2))
-    (kind, seed), = search_cli._seed_masks(["sensitivity"], {}, space, baselines, "expected")
+    ((kind, seed),) = search_cli._seed_masks(["sensitivity"], {}, space, baselines, "expected")
     assert seed.skip_layers == (1, 2)

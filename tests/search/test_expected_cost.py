@@ -9,8 +9,15 @@ import torch
 from tests.conftest import tiny
 from viasd_adapters.costs import CostModel
 from viasd_adapters.routing import RoutingMask
-from viasd_adapters.search import CalibrationSet, CalibrationText, EvaluationStore, ExpectedCost, MaskObjective, Reference
 from viasd_adapters.sampling import Sampler, SamplingConfig
+from viasd_adapters.search import (
+    CalibrationSet,
+    CalibrationText,
+    EvaluationStore,
+    ExpectedCost,
+    MaskObjective,
+    Reference,
+)
 from viasd_adapters.search.objective import MaskMetrics, block_outcomes
 from viasd_adapters.verify.decision import SlimScores, decide
 from viasd_adapters.verify.policy import ConfidencePolicy, Tier
@@ -24,12 +31,14 @@ def _log(rows):
 def test_block_outcomes_by_hand():
     # target's tokens: 0, 0, 1, 2
     q = _log([[0.9, 0.05, 0.05], [0.6, 0.3, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]])
-    u = _log([
-        [0.95, 0.03, 0.02],  # agrees, confident: tier 1 accepts
-        [0.50, 0.40, 0.10],  # agrees, not confident, max 0.5: escalates
-        [0.05, 0.93, 0.02],  # agrees, confident: accepts
-        [0.91, 0.05, 0.04],  # disagrees, confident: tier 2 rewrites (wrongly)
-    ])
+    u = _log(
+        [
+            [0.95, 0.03, 0.02],  # agrees, confident: tier 1 accepts
+            [0.50, 0.40, 0.10],  # agrees, not confident, max 0.5: escalates
+            [0.05, 0.93, 0.02],  # agrees, confident: accepts
+            [0.91, 0.05, 0.04],  # disagrees, confident: tier 2 rewrites (wrongly)
+        ]
+    )
     settled, wrong = block_outcomes(q, u, ConfidencePolicy(tau_accept=0.9, tau_slim=0.9), block=2)
     # blocks [0,1]: first non-accepted is 1 (not confident) -> escalate; [1,2]: 1 -> escalate;
     # [2,3]: 2 accepted, 3 rewritten -> settled
@@ -51,8 +60,15 @@ def _logits(m: int, V: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.log_softmax(q, -1), torch.log_softmax(u, -1)
 
 
-@pytest.mark.parametrize("policy", [ConfidencePolicy(0.5, 0.0, 0.5), ConfidencePolicy(0.6, 0.7, 0.9),
-                                    ConfidencePolicy(0.3, 0.5, 1.0), ConfidencePolicy(0.8, 1.0, 0.6)])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        ConfidencePolicy(0.5, 0.0, 0.5),
+        ConfidencePolicy(0.6, 0.7, 0.9),
+        ConfidencePolicy(0.3, 0.5, 1.0),
+        ConfidencePolicy(0.8, 1.0, 0.6),
+    ],
+)
 def test_settled_blocks_are_the_blocks_the_verifiers_decision_settles(policy):
     """The objective must count what `TieredVerifier` would do with a draft that agrees with the
     target (p = q): one decision per block, by the policy's own rule, tau_draft included."""
@@ -69,8 +85,10 @@ def test_settled_blocks_are_the_blocks_the_verifiers_decision_settles(policy):
     y = log_u.argmax(-1)
     for i in range(len(x)):  # wrong: u rewrites with its own token, or would accept it if drafted
         one = slice(i, i + 1)
-        acts = (policy.assign(x[one], q[one], log_u[one].exp())[0] == Tier.SLIM.code
-                or policy.assign(y[one], q[one], log_u[one].exp())[0] == Tier.ACCEPT.code)
+        acts = (
+            policy.assign(x[one], q[one], log_u[one].exp())[0] == Tier.SLIM.code
+            or policy.assign(y[one], q[one], log_u[one].exp())[0] == Tier.ACCEPT.code
+        )
         assert bool(wrong[i]) == (bool(y[i] != x[i]) and acts), i
     assert 0 < int(settled.sum()) < len(settled)  # both outcomes occur: the comparison means something
 
@@ -105,7 +123,9 @@ CAL = [(40, 16), (25, 10), (33, 20)]
 
 def calibration() -> CalibrationSet:
     g = torch.Generator().manual_seed(0)
-    texts = [CalibrationText(f"t{i}", torch.randint(0, 256, (n,), generator=g).tolist(), m) for i, (n, m) in enumerate(CAL)]
+    texts = [
+        CalibrationText(f"t{i}", torch.randint(0, 256, (n,), generator=g).tolist(), m) for i, (n, m) in enumerate(CAL)
+    ]
     return CalibrationSet(texts, key="test")
 
 

@@ -44,20 +44,28 @@ def pair():
     return ModelPair(target, draft)
 
 
-FRAMEWORK = OmegaConf.create({
-    "name": "sd", "drafter": {"_target_": "viasd_adapters.draft.ModelDrafter", "model": "pair.draft"},
-    "decoder": {"_target_": "viasd_adapters.decode.SpeculativeDecoder", "num_draft_tokens": 4},
-})
+FRAMEWORK = OmegaConf.create(
+    {
+        "name": "sd",
+        "drafter": {"_target_": "viasd_adapters.draft.ModelDrafter", "model": "pair.draft"},
+        "decoder": {"_target_": "viasd_adapters.decode.SpeculativeDecoder", "num_draft_tokens": 4},
+    }
+)
 
 
 def _verifier(tau):
-    return OmegaConf.create({
-        "_target_": "viasd_adapters.verify.TieredVerifier",
-        "slim": {"_target_": "viasd_adapters.routing.SlimModel", "_partial_": True,
-                 "mask": {"_target_": "viasd_adapters.routing.RoutingMask", "skip_layers": [2], "num_layers": 4}},
-        "policy": {"_target_": "viasd_adapters.verify.ConfidencePolicy", "tau_accept": tau, "tau_slim": tau},
-        "max_unverified": 8,
-    })
+    return OmegaConf.create(
+        {
+            "_target_": "viasd_adapters.verify.TieredVerifier",
+            "slim": {
+                "_target_": "viasd_adapters.routing.SlimModel",
+                "_partial_": True,
+                "mask": {"_target_": "viasd_adapters.routing.RoutingMask", "skip_layers": [2], "num_layers": 4},
+            },
+            "policy": {"_target_": "viasd_adapters.verify.ConfidencePolicy", "tau_accept": tau, "tau_slim": tau},
+            "max_unverified": 8,
+        }
+    )
 
 
 def test_observations_follow_the_tiers(pair):
@@ -84,8 +92,9 @@ def _generate(pair, verifier_node, prompt, n=16):
 
 def test_a_closed_gate_skips_every_slim_pass_and_is_lossless_sd(pair):
     prompt = torch.tensor([[1, 2, 3, 4, 5]])
-    closed = OmegaConf.merge(_verifier(0.0), {"gate": {"_target_": "viasd_adapters.verify.gate.DraftConfidenceGate",
-                                                       "min_confidence": 1.0}})
+    closed = OmegaConf.merge(
+        _verifier(0.0), {"gate": {"_target_": "viasd_adapters.verify.gate.DraftConfidenceGate", "min_confidence": 1.0}}
+    )
     gated = _generate(pair, closed, prompt)
     lossless = _generate(pair, OmegaConf.create({"_target_": "viasd_adapters.verify.LosslessVerifier"}), prompt)
     assert gated.stats.model_calls["slim"].calls == 0

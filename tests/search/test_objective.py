@@ -9,8 +9,10 @@ from viasd_adapters.search.objective import compare
 
 def calibration() -> CalibrationSet:
     g = torch.Generator().manual_seed(0)
-    texts = [CalibrationText(f"t{i}", torch.randint(0, 256, (n,), generator=g).tolist(), m)
-             for i, (n, m) in enumerate([(40, 16), (25, 10), (33, 20)])]
+    texts = [
+        CalibrationText(f"t{i}", torch.randint(0, 256, (n,), generator=g).tolist(), m)
+        for i, (n, m) in enumerate([(40, 16), (25, 10), (33, 20)])
+    ]
     return CalibrationSet(texts, key="test")
 
 

@@ -24,7 +24,9 @@ class AdditiveObjective:
             self.evaluations += 1
             s = mask.skip_layers
             kl = sum(self.weights[i] for i in s) + self.adjacent_penalty * sum(b - a == 1 for a, b in zip(s, s[1:]))
-            kl += 0.3 * sum(self.weights[i] for i in mask.skip_mlp) + 0.1 * sum(self.weights[i] for i in mask.skip_attention)
+            kl += 0.3 * sum(self.weights[i] for i in mask.skip_mlp) + 0.1 * sum(
+                self.weights[i] for i in mask.skip_attention
+            )
             self.memo[mask.skips] = MaskMetrics(kl, float(np.exp(-kl)), 100)
         return self.memo[mask.skips]
 
@@ -96,8 +98,9 @@ def test_search_resumes_from_saved_trials(tmp_path):
     space = MaskSpace(8, Budget("layers", 2))
     file = tmp_path / "trials.pkl"
     seeds = [RoutingMask([2, 3])]
-    first = run_search(AdditiveObjective(WEIGHTS), space, SearchConfig(num_random=4, num_tpe=2), file, seeds,
-                       progress=False)
+    first = run_search(
+        AdditiveObjective(WEIGHTS), space, SearchConfig(num_random=4, num_tpe=2), file, seeds, progress=False
+    )
     assert file.is_file() and len(first.trials) == 7 and first.trials[0].phase == "seed"
     # A longer run with the same file continues after the 7 saved trials; a fresh objective is
     # seeded from them, so the saved masks are not evaluated again.
@@ -107,15 +110,18 @@ def test_search_resumes_from_saved_trials(tmp_path):
     assert [t.mask for t in more.trials[:7]] == [t.mask for t in first.trials]
     assert objective.evaluations <= 6
     # Nothing left to do: a third run evaluates nothing.
-    again = run_search(AdditiveObjective(WEIGHTS), space, SearchConfig(num_random=4, num_tpe=8), file, seeds,
-                       progress=False)
+    again = run_search(
+        AdditiveObjective(WEIGHTS), space, SearchConfig(num_random=4, num_tpe=8), file, seeds, progress=False
+    )
     assert again.evaluations == 0 and len(again.trials) == 13
 
 
 def test_search_is_reproducible():
     space = MaskSpace(8, Budget("layers", 2))
-    runs = [run_search(AdditiveObjective(WEIGHTS), space, SearchConfig(num_random=5, num_tpe=5, seed=3), progress=False)
-            for _ in range(2)]
+    runs = [
+        run_search(AdditiveObjective(WEIGHTS), space, SearchConfig(num_random=5, num_tpe=5, seed=3), progress=False)
+        for _ in range(2)
+    ]
     assert [t.mask for t in runs[0].trials] == [t.mask for t in runs[1].trials]
 
 

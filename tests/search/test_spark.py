@@ -24,12 +24,15 @@ def test_search_on_spark_trials():
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers import viasd_adapters from this venv
-    spark = SparkSession.builder.master("local[2]").appName("dimr-test").config("spark.ui.enabled", "false").getOrCreate()
+    spark = (
+        SparkSession.builder.master("local[2]").appName("dimr-test").config("spark.ui.enabled", "false").getOrCreate()
+    )
     try:
         space = MaskSpace(8, Budget("layers", 2))
         trials = SparkTrials(parallelism=2, spark_session=spark)
-        result = run_search(AdditiveObjective(WEIGHTS), space, SearchConfig(num_random=4, num_tpe=4), trials=trials,
-                            progress=False)
+        result = run_search(
+            AdditiveObjective(WEIGHTS), space, SearchConfig(num_random=4, num_tpe=4), trials=trials, progress=False
+        )
     finally:
         spark.stop()
     assert len(result.trials) == 8

@@ -28,9 +28,15 @@ def test_choose_cheapest_setting_that_meets_the_target():
 def test_calibrate_end_to_end_on_the_tiny_pair(tmp_path, monkeypatch):
     monkeypatch.setenv("VIASD_CONFIG_DIR", str(tmp_path / "user"))
     overrides = [
-        "model_pair=tiny-random", "routing=none", "runtime.dtype=float32", "max_new_tokens=12",
-        "grid=[[0.99,0.99],[0.0,0.0]]", f"out_dir={tmp_path}/run", "output_name=tiny-calibrated",
-        "prompts.sources.0.num_prompts=2", "progress=false",
+        "model_pair=tiny-random",
+        "routing=none",
+        "runtime.dtype=float32",
+        "max_new_tokens=12",
+        "grid=[[0.99,0.99],[0.0,0.0]]",
+        f"out_dir={tmp_path}/run",
+        "output_name=tiny-calibrated",
+        "prompts.sources.0.num_prompts=2",
+        "progress=false",
     ]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="calibrate", overrides=overrides)
@@ -61,17 +67,29 @@ def test_calibrate_over_masks_picks_the_cheapest_point_that_keeps_quality(tmp_pa
     (tmp_path / "user" / "routing").mkdir(parents=True)  # a mask of the user's, beside the package's
     (tmp_path / "user" / "routing" / "tiny-2l.yaml").write_text(
         "_target_: viasd_adapters.routing.RoutingMask\n_convert_: all\nmodel: tiny-random\nnum_layers: 4\n"
-        "skip_layers: [1, 2]\n")
+        "skip_layers: [1, 2]\n"
+    )
     overrides = [
-        "model_pair=tiny-random", "runtime.dtype=float32", "max_new_tokens=12", "masks=[tiny-random-1l,tiny-2l]",
-        "grid=[[0.99,0.99],[0.0,0.0]]", f"out_dir={tmp_path}/run", "output_name=tiny-point",
-        "prompts.sources.0.num_prompts=2", "progress=false", "target_agreement=0.98",
+        "model_pair=tiny-random",
+        "runtime.dtype=float32",
+        "max_new_tokens=12",
+        "masks=[tiny-random-1l,tiny-2l]",
+        "grid=[[0.99,0.99],[0.0,0.0]]",
+        f"out_dir={tmp_path}/run",
+        "output_name=tiny-point",
+        "prompts.sources.0.num_prompts=2",
+        "progress=false",
+        "target_agreement=0.98",
     ]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="calibrate", overrides=overrides)
     out = run(cfg)
-    assert [(r.mask, r.tau_accept) for r in out.results] == [("tiny-random-1l", 0.99), ("tiny-random-1l", 0.0),
-                                                             ("tiny-2l", 0.99), ("tiny-2l", 0.0)]
+    assert [(r.mask, r.tau_accept) for r in out.results] == [
+        ("tiny-random-1l", 0.99),
+        ("tiny-random-1l", 0.0),
+        ("tiny-2l", 0.99),
+        ("tiny-2l", 0.0),
+    ]
     assert all(0 < r.slim_cost for r in out.results)  # measured per mask
     meeting = [r for r in out.results if r.agreement >= 0.98]
     assert out.best in meeting and verify_cost(out.best) == min(verify_cost(r) for r in meeting)

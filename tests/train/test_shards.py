@@ -12,8 +12,10 @@ from tests.conftest import tiny
 from viasd_adapters.train import corpus, shards
 
 # A ChatML template of the kind Qwen uses, on the tiny model's byte tokenizer.
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 CONVERSATIONS = [
     [("human", "hi there"), ("gpt", "hello! how can I help?")],
@@ -33,8 +35,10 @@ CONVERSATIONS = [
 
 def sharegpt_file(path, conversations=CONVERSATIONS, cut: bool = True):
     """ShareGPT's layout, cut off mid-record after the whole ones as the packaged file is."""
-    records = [{"id": f"c{i}", "conversations": [{"from": f, "value": v} for f, v in turns]}
-               for i, turns in enumerate(conversations)]
+    records = [
+        {"id": f"c{i}", "conversations": [{"from": f, "value": v} for f, v in turns]}
+        for i, turns in enumerate(conversations)
+    ]
     text = json.dumps(records, indent=2)
     if cut:
         text = text[:-1] + ',\n  {"id": "cut", "conversations": [{"from": "human", "value": "this record never en'
@@ -60,7 +64,10 @@ def test_messages_alternate_from_a_user_turn_and_end_with_an_answer():
         turns = [{"from": f, "value": v} for f, v in CONVERSATIONS[i]]
         return [(m["role"], m["content"]) for m in corpus.to_messages(turns)]
 
-    assert messages(2) == [("user", "write a loop"), ("assistant", "for i in range(3): print(i)")]  # leading answer dropped
+    assert messages(2) == [
+        ("user", "write a loop"),
+        ("assistant", "for i in range(3): print(i)"),
+    ]  # leading answer dropped
     assert messages(3)[0] == ("system", "be brief") and messages(3)[-1] == ("assistant", "Paris.")
     assert messages(4) == []  # no answer
     assert messages(7) == [("user", "say yes"), ("assistant", "yes")]  # stops where the alternation breaks
@@ -87,13 +94,22 @@ def test_the_loss_mask_covers_exactly_the_answers_and_their_end_of_turn(model):
 
 def test_a_tokenizer_without_a_chat_template_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="chat template"):
-        corpus.render(tiny(seed=0).tokenizer, [{"role": "user", "content": "a"},
-                                               {"role": "assistant", "content": "b"}], 64)
+        corpus.render(
+            tiny(seed=0).tokenizer, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], 64
+        )
 
 
 def _config(path, **kw):
-    return shards.CorpusConfig(self_distill=False, sharegpt=True, sharegpt_path=str(path), max_seq_len=96,
-                               eval_fraction=0.2, sequences_per_shard=3, layers=[1], **kw)
+    return shards.CorpusConfig(
+        self_distill=False,
+        sharegpt=True,
+        sharegpt_path=str(path),
+        max_seq_len=96,
+        eval_fraction=0.2,
+        sequences_per_shard=3,
+        layers=[1],
+        **kw,
+    )
 
 
 def _shard_tensors(folder, name):
@@ -110,8 +126,10 @@ def test_a_cut_and_crashed_run_resumes_into_the_shards_of_an_uncut_one(model, tm
     assert names == ["heldout-00000.pt", "train-00000.pt", "train-00001.pt", "train-00002.pt"]
     assert manifest["planned"] == {"heldout": 1, "train": 3}
     planned = shards.plan_summary(plan_uncut)
-    assert sum(e["answer_tokens"] for e in manifest["shards"].values()) == \
-        planned["train"]["answer_tokens"] + planned["heldout"]["answer_tokens"]
+    assert (
+        sum(e["answer_tokens"] for e in manifest["shards"].values())
+        == planned["train"]["answer_tokens"] + planned["heldout"]["answer_tokens"]
+    )
 
     cut = tmp_path / "cut"
     _, first = shards.run_features(model, cfg, cut, progress=False, max_shards=2)  # stopped after two shards
@@ -187,8 +205,15 @@ def test_the_plan_is_a_seeded_order_and_stops_at_the_answer_token_budget(model, 
 
 def test_self_distillation_answers_and_sharegpt_share_one_plan(model, tmp_path):
     tok = model.tokenizer
-    generations = [{"id": f"p{i}" + ("#1" if k else ""), "prompt_ids": tok("question %d" % i).input_ids,
-                    "answer_ids": tok(" answer %d" % i).input_ids} for k in (0, 1) for i in range(4)]
+    generations = [
+        {
+            "id": f"p{i}" + ("#1" if k else ""),
+            "prompt_ids": tok(f"question {i}").input_ids,
+            "answer_ids": tok(f" answer {i}").input_ids,
+        }
+        for k in (0, 1)
+        for i in range(4)
+    ]
     cfg = _config(sharegpt_file(tmp_path / "sharegpt.json"))
     cfg.self_distill = True
     plan, manifest = shards.run_features(model, cfg, tmp_path / "f", generations, data_max_seq_len=64, progress=False)

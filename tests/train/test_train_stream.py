@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.train.test_shards import CHATML, sharegpt_file
 from tests.conftest import tiny
+from tests.train.test_shards import CHATML, sharegpt_file
 from viasd_adapters.models.vocab import DraftVocabulary
 from viasd_adapters.train import eagle, shards
 
@@ -20,8 +20,14 @@ def features(tmp_path_factory):
     root = tmp_path_factory.mktemp("stream")
     loaded = tiny(seed=0, max_position_embeddings=1024)
     loaded.tokenizer.chat_template = CHATML
-    cfg = shards.CorpusConfig(self_distill=False, sharegpt=True, sharegpt_path=str(sharegpt_file(root / "s.json")),
-                              max_seq_len=128, eval_fraction=0.2, sequences_per_shard=2)
+    cfg = shards.CorpusConfig(
+        self_distill=False,
+        sharegpt=True,
+        sharegpt_path=str(sharegpt_file(root / "s.json")),
+        max_seq_len=128,
+        eval_fraction=0.2,
+        sequences_per_shard=2,
+    )
     _, manifest = shards.run_features(loaded, cfg, root / "f", progress=False)
     return loaded, root / "f", manifest
 
@@ -42,8 +48,9 @@ def test_the_stream_visits_every_training_sequence_once_an_epoch_in_a_seeded_ord
     _, folder, manifest = features
     stream = eagle.ShardStream(folder, manifest, "train", seed=0)
     first = [s["id"] for s in stream.epoch(0)]
-    assert sorted(first) == sorted(s["id"] for p in stream.paths
-                                   for s in shards.shard_sequences(torch.load(p, weights_only=False)))
+    assert sorted(first) == sorted(
+        s["id"] for p in stream.paths for s in shards.shard_sequences(torch.load(p, weights_only=False))
+    )
     assert len(set(first)) == len(first) == len(stream)
     assert [s["id"] for s in stream.epoch(0)] == first
     assert [s["id"] for s in stream.epoch(1)] != first
@@ -89,8 +96,9 @@ def test_the_distribution_term_scores_only_the_draft_vocabulary(features, tmp_pa
     _, steps, top1, _, _ = _train(features, out, 2, p_vocab=str(path))
     assert steps == 2 and 0.0 <= top1 <= 1.0
     with pytest.raises(ValueError, match="built for 300 ids"):
-        eagle._distribution_rows(loaded.model, eagle.TrainConfig(p_vocab=str(DraftVocabulary([1], 300).save(
-            tmp_path / "w.json"))))
+        eagle._distribution_rows(
+            loaded.model, eagle.TrainConfig(p_vocab=str(DraftVocabulary([1], 300).save(tmp_path / "w.json")))
+        )
 
 
 def test_trained_positions_are_those_whose_next_next_token_is_an_answer():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.decode.test_loops import PROMPT
-from viasd_adapters.draft import DraftBlock, ModelDrafter
+from viasd_adapters.draft import ModelDrafter
 from viasd_adapters.hosts.pearl import VerifierJudge
 from viasd_adapters.sampling import Sampler, SamplingConfig
 from viasd_adapters.verify import ConfidencePolicy, Tier, TieredVerifier
@@ -52,8 +52,15 @@ def test_greedy_slim_rewrite_and_escalation():
     assert (unsure.tier, unsure.num_accepted, unsure.token) == (Tier.ESCALATE, 1, None)
 
 
-@pytest.mark.parametrize("room, want", [(3, (Tier.ACCEPT, 2, 2)), (2, (Tier.ACCEPT, 2, None)),
-                                        (1, (Tier.ESCALATE, 1, None)), (0, (Tier.ESCALATE, 0, None))])
+@pytest.mark.parametrize(
+    "room, want",
+    [
+        (3, (Tier.ACCEPT, 2, 2)),
+        (2, (Tier.ACCEPT, 2, None)),
+        (1, (Tier.ESCALATE, 1, None)),
+        (0, (Tier.ESCALATE, 0, None)),
+    ],
+)
 def test_room_caps_what_the_slim_tier_settles(room, want):
     """Committing through position i adds i + 1 to the full model's lag: positions >= room escalate."""
     for sampler in (GREEDY, Sampler(SamplingConfig(temperature=1.0, seed=0))):
@@ -69,8 +76,14 @@ def test_sampling_rejection_draws_from_the_residual():
     counts = torch.zeros(V)
     for seed in range(400):
         sampler = Sampler(SamplingConfig(temperature=1.0, seed=seed))
-        d = decide(ConfidencePolicy(0.5, 0.0, 0.5), torch.tensor([0]), one_hot([0]),
-                   scores({0: 0.9}, {}, sampler=sampler), sampler, 16)
+        d = decide(
+            ConfidencePolicy(0.5, 0.0, 0.5),
+            torch.tensor([0]),
+            one_hot([0]),
+            scores({0: 0.9}, {}, sampler=sampler),
+            sampler,
+            16,
+        )
         if d.tier == Tier.SLIM:
             counts[d.token] += 1
         else:

@@ -90,7 +90,9 @@ def test_thresholds_read_the_raw_distribution_whatever_the_temperature():
         policy = ConfidencePolicy(tau, 0.0, tau)
         decision = decide(policy, draft, p, SlimScores.of(logits, cold), cold, room=16)
         assert (decision.tier != Tier.ESCALATE) == settled
-        greedy = decide(policy, draft, p, SlimScores.of(logits, Sampler(SamplingConfig())), Sampler(SamplingConfig()), 16)
+        greedy = decide(
+            policy, draft, p, SlimScores.of(logits, Sampler(SamplingConfig())), Sampler(SamplingConfig()), 16
+        )
         assert (greedy.tier != Tier.ESCALATE) == settled  # the same thresholds, the same positions
 
 

@@ -90,9 +90,7 @@ def test_a_perfect_slim_verifier_is_lossless_without_the_full_model(tiny_target,
     """u == q: tier 1 keeps exactly q's argmax, tier 2 writes it; the full model only runs
     when the drift cap forces it."""
     ar = AutoregressiveDecoder(tiny_target.model).generate(PROMPT, 60)
-    verifier = TieredVerifier(
-        tiny_target.model, tiny_target.model, ConfidencePolicy(0.0, 0.0, 0.0), max_unverified=20
-    )
+    verifier = TieredVerifier(tiny_target.model, tiny_target.model, ConfidencePolicy(0.0, 0.0, 0.0), max_unverified=20)
     out = decode(tiny_target, tiny_draft, verifier)
     assert out.tokens == ar.tokens
     assert out.stats.tier_counts["slim"] > 0 and out.stats.tier_counts["accept"] > 0
@@ -160,7 +158,9 @@ MIXED = ConfidencePolicy(tau_accept=0.1, tau_slim=0.25)  # on the tiny pair all 
 
 def routed(tiny_target, mask, policy=MIXED, share_prefix=True, **kw):
     model = tiny_target.model
-    return TieredVerifier(model, SlimModel(model, MASKS[mask]), policy, max_unverified=6, share_prefix=share_prefix, **kw)
+    return TieredVerifier(
+        model, SlimModel(model, MASKS[mask]), policy, max_unverified=6, share_prefix=share_prefix, **kw
+    )
 
 
 def model_calls(out):
@@ -169,13 +169,21 @@ def model_calls(out):
 
 @pytest.mark.parametrize(
     ("mask", "K", "sampling"),
-    [("layer2", 3, GREEDY), ("layer2", 6, GREEDY), ("layer0", 4, GREEDY), ("attention1", 5, GREEDY),
-     ("mlp2-layer3", 2, GREEDY), ("layer2", 4, SAMPLED), ("attention1", 3, SAMPLED)],
+    [
+        ("layer2", 3, GREEDY),
+        ("layer2", 6, GREEDY),
+        ("layer0", 4, GREEDY),
+        ("attention1", 5, GREEDY),
+        ("mlp2-layer3", 2, GREEDY),
+        ("layer2", 4, SAMPLED),
+        ("attention1", 3, SAMPLED),
+    ],
     ids=lambda v: "sampled" if v is SAMPLED else "greedy" if v is GREEDY else None,
 )
 def test_shared_prefix_changes_no_token_and_no_call(tiny_target, tiny_draft, mask, K, sampling):
     """Same tokens, tiers, calls and tokens per call as the plain runners; only the layer work of
     an escalation shrinks (see tests/routing/test_shared_prefix.py)."""
+
     def run(share_prefix):
         verifier = routed(tiny_target, mask, share_prefix=share_prefix)
         return SpeculativeDecoder(ModelDrafter(tiny_draft), verifier, num_draft_tokens=K).generate(PROMPT, 60, sampling)
@@ -231,8 +239,13 @@ def test_shared_prefix_with_a_perfect_slim_verifier_is_ar(tiny_target, tiny_draf
     """The identity mask shares every layer (p = L): an escalation is the LM head alone."""
     model = tiny_target.model
     ar = AutoregressiveDecoder(model).generate(PROMPT, 60)
-    verifier = TieredVerifier(model, SlimModel(model, RoutingMask.none()), ConfidencePolicy(0.0, 0.0, 0.0),
-                              max_unverified=20, share_prefix=True)
+    verifier = TieredVerifier(
+        model,
+        SlimModel(model, RoutingMask.none()),
+        ConfidencePolicy(0.0, 0.0, 0.0),
+        max_unverified=20,
+        share_prefix=True,
+    )
     assert verifier.shared.num_prefix_layers == 4
     out = decode(tiny_target, tiny_draft, verifier)
     assert out.tokens == ar.tokens

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from tests.conftest import tiny
+from viasd_adapters.draft.base import DraftBlock
 from viasd_adapters.routing import RoutingMask, SlimModel
 from viasd_adapters.runner import CausalLMRunner
 from viasd_adapters.sampling import Sampler, SamplingConfig
-from viasd_adapters.draft.base import DraftBlock
 from viasd_adapters.verify import ConfidencePolicy, LosslessVerifier, Tier, TieredVerifier, greedy_match
 from viasd_adapters.verify.gate import DraftConfidenceGate
 from viasd_adapters.verify.tree import DraftTree, TreeAcceptance, TreeJudge, keep_path, score_tree
@@ -76,8 +76,11 @@ def test_tree_depth_paths_and_layout_by_hand():
 
 
 # ----------------------------------------------------------------------------- the routed view over a tree
-@pytest.mark.parametrize("mask", [RoutingMask.none(), RoutingMask(skip_layers=(1,)), RoutingMask(skip_mlp=(2,)),
-                                  RoutingMask(skip_attention=(0,))], ids=["none", "layer", "mlp", "attention"])
+@pytest.mark.parametrize(
+    "mask",
+    [RoutingMask.none(), RoutingMask(skip_layers=(1,)), RoutingMask(skip_mlp=(2,)), RoutingMask(skip_attention=(0,))],
+    ids=["none", "layer", "mlp", "attention"],
+)
 def test_a_tree_forward_scores_each_draft_as_its_path_would(target, mask):
     """One mask, one executor: row n + 1 of the tree forward is what the chain forward of the path to
     draft n gives, with lagging tokens read first; `keep_path` leaves a cache the chain path continues."""
@@ -138,11 +141,19 @@ def test_a_perfect_slim_verifier_settles_the_tree_as_the_target_would(target):
 def test_one_verifier_judges_a_chain_and_the_same_chain_as_a_tree_alike(target, tau):
     """The counts, the tiers and the room are one rule: `verify` on a block and `verify_tree` on it."""
     draft = torch.tensor(_greedy(target, PROMPT, 2) + [7, 8])  # two right, then wrong
-    chain, tree = _tiered(target, policy=ConfidencePolicy(tau, 0.0, tau)), _tiered(target, policy=ConfidencePolicy(tau, 0.0, tau))
+    chain, tree = (
+        _tiered(target, policy=ConfidencePolicy(tau, 0.0, tau)),
+        _tiered(target, policy=ConfidencePolicy(tau, 0.0, tau)),
+    )
     a = chain.verify(PROMPT, DraftBlock(draft, None), GREEDY)
     b = tree.verify_tree(PROMPT, DraftTree.chain(draft), GREEDY, GreedyPathJudge(target))
-    assert (a.tokens.tolist(), a.num_accepted, a.num_drafted, a.tier_counts, a.last_tier) == \
-        (b.tokens.tolist(), b.num_accepted, b.num_drafted, b.tier_counts, b.last_tier)
+    assert (a.tokens.tolist(), a.num_accepted, a.num_drafted, a.tier_counts, a.last_tier) == (
+        b.tokens.tolist(),
+        b.num_accepted,
+        b.num_drafted,
+        b.tier_counts,
+        b.last_tier,
+    )
 
 
 def test_the_drift_cap_and_a_closed_gate_send_the_tree_to_the_judge(target):

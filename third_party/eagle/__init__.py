@@ -21,7 +21,9 @@ except importlib.metadata.PackageNotFoundError as err:  # pragma: no cover - env
     ) from err
 if _version != SUPPORTED_VERSION:
     logging.getLogger(__name__).warning(
-        "eagle-llm %s is installed; viasd_adapters.third_party.eagle was written against %s", _version, SUPPORTED_VERSION
+        "eagle-llm %s is installed; viasd_adapters.third_party.eagle was written against %s",
+        _version,
+        SUPPORTED_VERSION,
     )
 
 from .head import (  # noqa: E402

@@ -19,7 +19,6 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-
 CONFIG = "config.json"
 FULL_WEIGHTS = "pytorch_model.bin"  # eagle-llm's format
 COMPACT_WEIGHTS = "head.safetensors"  # ours: no embeddings
@@ -74,8 +73,14 @@ def is_head_folder(folder: str | Path) -> bool:
     return (folder / CONFIG).is_file() and ((folder / FULL_WEIGHTS).is_file() or (folder / COMPACT_WEIGHTS).is_file())
 
 
-def save_head(head: nn.Module, config: dict, folder: str | Path, full: bool = True, compact: bool = True,
-              metadata: dict | None = None) -> Path:
+def save_head(
+    head: nn.Module,
+    config: dict,
+    folder: str | Path,
+    full: bool = True,
+    compact: bool = True,
+    metadata: dict | None = None,
+) -> Path:
     """Write `config.json`, and `pytorch_model.bin` (eagle-llm format) and/or `head.safetensors` (compact)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -29,8 +29,7 @@ class KVBuffers:
     layer the view does not attend with): the `past_key_values` list eagle-llm's models take.
     """
 
-    def __init__(self, config, layers: Iterable[int], max_length: int, dtype: torch.dtype,
-                 device: torch.device | str):
+    def __init__(self, config, layers: Iterable[int], max_length: int, dtype: torch.dtype, device: torch.device | str):
         layers = sorted(set(layers))
         L = int(config.num_hidden_layers)
         if not layers or layers[0] < 0 or layers[-1] >= L:
@@ -39,8 +38,7 @@ class KVBuffers:
         self.layers = tuple(layers)
         self.max_length = int(max_length)
         # [2 * L', 1, H_kv, S, D] and one length per key / value buffer, on the CPU as eagle-llm keeps it
-        self.data = torch.zeros(2 * len(layers), 1, H_kv, self.max_length, head_dim(config), dtype=dtype,
-                                device=device)
+        self.data = torch.zeros(2 * len(layers), 1, H_kv, self.max_length, head_dim(config), dtype=dtype, device=device)
         self.lengths = torch.zeros(2 * len(layers), dtype=torch.long)
         self.caches: list[list[KVCache] | None] = [None] * L
         for j, i in enumerate(layers):

@@ -30,8 +30,13 @@ BACKENDS = ("transformers", "eagle")
 _EAGLE_ROPE_BASE = 10000.0  # modeling_llama_kv's rotary base, whatever config.rope_theta says
 
 
-def load_ea_model(base_model_path: str | Path, ea_model_path: str | Path, backend: str = "transformers",
-                  dtype: torch.dtype = torch.float32, device: str = "cpu") -> EaModel:
+def load_ea_model(
+    base_model_path: str | Path,
+    ea_model_path: str | Path,
+    backend: str = "transformers",
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+) -> EaModel:
     """An `EaModel` in eval mode: the target in `base_model_path`, the head in `ea_model_path`.
 
     The head folder may be eagle-llm's format or the compact one (see `head.py`).
@@ -50,7 +55,9 @@ def load_ea_model(base_model_path: str | Path, ea_model_path: str | Path, backen
         if rope != _EAGLE_ROPE_BASE:
             logger.warning(
                 "eagle-llm's Llama ignores rope_theta=%g (it uses %g): the stock target differs from the model"
-                " transformers loads; backend='transformers' decodes the real one", rope, _EAGLE_ROPE_BASE,
+                " transformers loads; backend='transformers' decodes the real one",
+                rope,
+                _EAGLE_ROPE_BASE,
             )
         from eagle.model.modeling_llama_kv import LlamaForCausalLM as EagleLlama
 
@@ -61,8 +68,9 @@ def load_ea_model(base_model_path: str | Path, ea_model_path: str | Path, backen
     return _assemble(base, str(base_model_path), ea_model_path)
 
 
-def ea_model_from_target(target: PreTrainedModel, ea_model_path: str | Path,
-                         tokenizer_path: str | Path | None = None, step=None) -> EaModel:
+def ea_model_from_target(
+    target: PreTrainedModel, ea_model_path: str | Path, tokenizer_path: str | Path | None = None, step=None
+) -> EaModel:
     """An `EaModel` around a transformers model already in memory (shared, not reloaded).
 
     `tokenizer_path`: a folder `AutoTokenizer` reads (EaModel loads one); default: the folder the

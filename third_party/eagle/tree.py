@@ -61,8 +61,9 @@ class TransformersLayers:
         self.config = config
         self.step = step
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, caches: list | None,
-                tree_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, caches: list | None, tree_mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """Normed last hidden states [1, n, H] of `input_ids` ([1, n]) at `position_ids` ([n]).
 
         `caches` (eagle-llm's list of [key, value] `KVCache` pairs) gets the new keys and values;
@@ -78,8 +79,10 @@ class TransformersLayers:
         position_ids = position_ids.reshape(1, n).to(hidden.device)
         cache = BufferCache(caches) if caches is not None else None
         kwargs = dict(
-            attention_mask=tree_mask_4d(past, n, tree_mask, hidden.device), position_ids=position_ids,
-            past_key_values=cache, use_cache=cache is not None,
+            attention_mask=tree_mask_4d(past, n, tree_mask, hidden.device),
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=cache is not None,
             cache_position=torch.arange(past, past + n, device=hidden.device),
             position_embeddings=self.body.rotary_emb(hidden, position_ids),
         )
@@ -91,8 +94,9 @@ class TransformersLayers:
     def _step(self, input_ids, position_ids, caches: list, tree_mask, past: int) -> torch.Tensor:
         n = input_ids.shape[1]
         pairs = {i: pair for i, pair in enumerate(caches) if pair is not None}
-        kv = self.step.buffers({i: p[0].data[0] for i, p in pairs.items()}, {i: p[1].data[0] for i, p in pairs.items()},
-                               past)
+        kv = self.step.buffers(
+            {i: p[0].data[0] for i, p in pairs.items()}, {i: p[1].data[0] for i, p in pairs.items()}, past
+        )
         mask = tree_mask_4d(past, n, tree_mask, input_ids.device)[0, 0]  # [n, past + n]
         hidden = self.step(input_ids[0], kv, mask=mask, positions=position_ids.reshape(n))
         for pair in pairs.values():

@@ -39,13 +39,22 @@ Two schedules (`PearlConfig.schedule`):
 from __future__ import annotations
 
 import multiprocessing
-
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .protocol import DraftEnd, DraftRequest, DraftToken, Judge, Judgement, Proposer, ResetRequest, StatsReply, StatsRequest
+from .protocol import (
+    DraftEnd,
+    DraftRequest,
+    DraftToken,
+    Judge,
+    Judgement,
+    Proposer,
+    ResetRequest,
+    StatsReply,
+    StatsRequest,
+)
 from .workers import DraftWorker, ProcessDraftWorker, ThreadDraftWorker
 
 BACKENDS = ("process", "thread")

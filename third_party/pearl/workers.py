@@ -23,11 +23,12 @@ import time
 import traceback
 import weakref
 from abc import ABC, abstractmethod
-from typing import Any, Callable
+from collections.abc import Callable
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
-from multiprocessing.reduction import ForkingPickler
 
 from .protocol import (
     DraftEnd,

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import functools
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..costs import CostModel, LatencyProfile
 
 
-def record_costs(profile: LatencyProfile, target: str, draft: str | None = None,
-                 context: int = 256) -> Callable[[dict], CostModel]:
+def record_costs(
+    profile: LatencyProfile, target: str, draft: str | None = None, context: int = 256
+) -> Callable[[dict], CostModel]:
     """record -> the `CostModel` of the variants it ran: the target's dtype and the drafter's
     variant ("bfloat16+int8-weight" is priced on its own line), at the record's torch threads.
     Models without a `variant` in `model_calls` ran in the run's `dtype` / `draft_dtype`."""
@@ -54,8 +55,13 @@ class Prediction:
     predicted_speedup: float | None
 
 
-def predict_records(records: list[dict], costs: Callable[[dict], CostModel], slim_layers: dict[str, float | str],
-                    baseline: str = "ar", full_layers: dict[str, float] | None = None) -> list[Prediction]:
+def predict_records(
+    records: list[dict],
+    costs: Callable[[dict], CostModel],
+    slim_layers: dict[str, float | str],
+    baseline: str = "ar",
+    full_layers: dict[str, float] | None = None,
+) -> list[Prediction]:
     """Per method: the predicted tokens/s and speedup against `baseline`, beside the measured.
 
     `costs`: record -> the cost model that prices it (`record_costs`, or one modelled device).
@@ -65,8 +71,9 @@ def predict_records(records: list[dict], costs: Callable[[dict], CostModel], sli
     """
     predicted: dict[int, float] = {}
     for k, r in enumerate(records):
-        seconds = costs(r).seconds(r["model_calls"], r["prompt_tokens"], slim_layers.get(r["method"]),
-                                  (full_layers or {}).get(r["method"]))
+        seconds = costs(r).seconds(
+            r["model_calls"], r["prompt_tokens"], slim_layers.get(r["method"]), (full_layers or {}).get(r["method"])
+        )
         predicted[k] = r["new_tokens"] / seconds if seconds > 0 else 0.0
     base = {(r.get("task"), r["prompt_id"], r["rep"]): k for k, r in enumerate(records) if r["method"] == baseline}
     out = []
@@ -79,38 +86,61 @@ def predict_records(records: list[dict], costs: Callable[[dict], CostModel], sli
             if b is not None and records[b]["tokens_per_second"] and predicted[b]:
                 speedups_m.append(records[k]["tokens_per_second"] / records[b]["tokens_per_second"])
                 speedups_p.append(predicted[k] / predicted[b])
-        out.append(Prediction(
-            method, len(mine), statistics.median(records[k]["tokens_per_second"] for k in mine),
-            statistics.median(predicted[k] for k in mine), statistics.median(errors) if errors else float("nan"),
-            statistics.median(speedups_m) if speedups_m else None,
-            statistics.median(speedups_p) if speedups_p else None,
-        ))
+        out.append(
+            Prediction(
+                method,
+                len(mine),
+                statistics.median(records[k]["tokens_per_second"] for k in mine),
+                statistics.median(predicted[k] for k in mine),
+                statistics.median(errors) if errors else float("nan"),
+                statistics.median(speedups_m) if speedups_m else None,
+                statistics.median(speedups_p) if speedups_p else None,
+            )
+        )
     return out
 
 
 def validation_table(predictions: list[Prediction], device: str) -> str:
-    lines = [f"Cost model against measurement on {device} (medians over each method's records).", "",
-             "| method | n | measured tok/s | predicted tok/s | error | measured speedup vs ar | predicted speedup vs ar |",
-             "|---|---|---|---|---|---|---|"]
-    fmt = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
+    lines = [
+        f"Cost model against measurement on {device} (medians over each method's records).",
+        "",
+        "| method | n | measured tok/s | predicted tok/s | error | measured speedup vs ar | predicted speedup vs ar |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    fmt = lambda v: "–" if v is None else f"{v:.2f}"
     for p in predictions:
-        lines.append(f"| {p.method} | {p.records} | {p.measured_tok_s:.2f} | {p.predicted_tok_s:.2f} | "
-                     f"{100 * p.error:+.0f} % | {fmt(p.measured_speedup)} | {fmt(p.predicted_speedup)} |")
+        lines.append(
+            f"| {p.method} | {p.records} | {p.measured_tok_s:.2f} | {p.predicted_tok_s:.2f} | "
+            f"{100 * p.error:+.0f} % | {fmt(p.measured_speedup)} | {fmt(p.predicted_speedup)} |"
+        )
     errors = [abs(p.error) for p in predictions if p.error == p.error]
-    speed_errors = [abs(p.predicted_speedup / p.measured_speedup - 1) for p in predictions
-                    if p.measured_speedup and p.predicted_speedup]
+    speed_errors = [
+        abs(p.predicted_speedup / p.measured_speedup - 1)
+        for p in predictions
+        if p.measured_speedup and p.predicted_speedup
+    ]
     if errors:
-        lines += ["", f"Median absolute error: tokens/s {100 * statistics.median(errors):.0f} %"
-                      + (f", speedup vs ar {100 * statistics.median(speed_errors):.0f} %." if speed_errors else ".")]
+        lines += [
+            "",
+            f"Median absolute error: tokens/s {100 * statistics.median(errors):.0f} %"
+            + (f", speedup vs ar {100 * statistics.median(speed_errors):.0f} %." if speed_errors else "."),
+        ]
     return "\n".join(lines)
 
 
-def modelled_speedups(records: list[dict], models: list[CostModel], slim_layers: dict[str, float | str],
-                      baseline: str = "ar", full_layers: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
+def modelled_speedups(
+    records: list[dict],
+    models: list[CostModel],
+    slim_layers: dict[str, float | str],
+    baseline: str = "ar",
+    full_layers: dict[str, float] | None = None,
+) -> dict[str, dict[str, float]]:
     """{model.device: {method: median modelled speedup vs baseline}} from the measured call counts."""
     out = {}
     for model in models:
         assert model.modelled, "modelled_speedups is for modelled cost models; measured ones: predict_records"
-        out[model.device] = {p.method: p.predicted_speedup for p in predict_records(
-            records, lambda _, model=model: model, slim_layers, baseline, full_layers)}
+        out[model.device] = {
+            p.method: p.predicted_speedup
+            for p in predict_records(records, lambda _, model=model: model, slim_layers, baseline, full_layers)
+        }
     return out

@@ -34,7 +34,9 @@ CASCADE_SD = "Cascade SD"
 class SweepConfig:
     """Which points the frontier runs (method names are files in conf/method/)."""
 
-    references: list[str] = field(default_factory=lambda: ["ar", "sd-adaptive-int8"])  # run as they are; the first is the baseline, the second the host
+    references: list[str] = field(
+        default_factory=lambda: ["ar", "sd-adaptive-int8"]
+    )  # run as they are; the first is the baseline, the second the host
     via_sd: str = "tiered-fast"  # the VIA-SD method every mask and threshold pair is applied to
     masks: list[str] = field(default_factory=list)  # routing configs (conf/routing/<name>.yaml)
     thresholds: list[list[float]] = field(default_factory=list)  # (tau_accept, tau_slim) pairs
@@ -84,8 +86,10 @@ def _plain(node: DictConfig) -> DictConfig:
 
 def _method(methods: DictConfig, name: str) -> DictConfig:
     if name not in methods:
-        raise ValueError(f"method {name!r} is not composed: add it to the frontier config's method list "
-                         f"(composed: {sorted(methods)})")
+        raise ValueError(
+            f"method {name!r} is not composed: add it to the frontier config's method list "
+            f"(composed: {sorted(methods)})"
+        )
     return _plain(methods[name])
 
 
@@ -108,8 +112,9 @@ def layers_run(routing: DictConfig, attention_share: float) -> float:
     return L - skipped
 
 
-def build_points(sweep: SweepConfig, methods: DictConfig, routing: dict[str, DictConfig],
-                 attention_share: float = 0.5) -> list[Point]:
+def build_points(
+    sweep: SweepConfig, methods: DictConfig, routing: dict[str, DictConfig], attention_share: float = 0.5
+) -> list[Point]:
     """Expand the sweep into points, in run order. `routing`: mask name -> its routing config."""
     points: list[Point] = []
 
@@ -136,28 +141,65 @@ def build_points(sweep: SweepConfig, methods: DictConfig, routing: dict[str, Dic
         label = labels[mask]
         base = _method(methods, sweep.via_sd)
         for tau_accept, tau_slim in sweep.thresholds:
-            policy = {"_target_": "viasd_adapters.verify.ConfidencePolicy", "tau_accept": float(tau_accept),
-                      "tau_draft": 0.0, "tau_slim": float(tau_slim)}
+            policy = {
+                "_target_": "viasd_adapters.verify.ConfidencePolicy",
+                "tau_accept": float(tau_accept),
+                "tau_draft": 0.0,
+                "tau_slim": float(tau_slim),
+            }
             # Replace (not merge) the mask and policy: the base's may carry fields these lack.
             overrides = OmegaConf.create({"slim": {"mask": node}, "policy": policy})
-            add(f"via-sd[{label}]@{tau_accept:g}/{tau_slim:g}", f"{VIA_SD} {label}", "via-sd",
-                f"{tau_accept:g}/{tau_slim:g}", base, overrides, mask, layers)
+            add(
+                f"via-sd[{label}]@{tau_accept:g}/{tau_slim:g}",
+                f"{VIA_SD} {label}",
+                "via-sd",
+                f"{tau_accept:g}/{tau_slim:g}",
+                base,
+                overrides,
+                mask,
+                layers,
+            )
         if sweep.random_thresholds and (sweep.random_masks is None or mask in sweep.random_masks):
             tau_accept, tau_slim = sweep.random_thresholds
-            random_mask = OmegaConf.merge(node, {"_target_": "viasd_adapters.routing.RoutingMask.random_like",
-                                                 "seed": sweep.random_seed})
-            policy = {"_target_": "viasd_adapters.verify.ConfidencePolicy", "tau_accept": float(tau_accept),
-                      "tau_draft": 0.0, "tau_slim": float(tau_slim)}
-            add(f"random[{label}]@{tau_accept:g}/{tau_slim:g}", "random skipping", "random",
-                label, base, {"slim": {"mask": random_mask}, "policy": policy}, mask, layers)
+            random_mask = OmegaConf.merge(
+                node, {"_target_": "viasd_adapters.routing.RoutingMask.random_like", "seed": sweep.random_seed}
+            )
+            policy = {
+                "_target_": "viasd_adapters.verify.ConfidencePolicy",
+                "tau_accept": float(tau_accept),
+                "tau_draft": 0.0,
+                "tau_slim": float(tau_slim),
+            }
+            add(
+                f"random[{label}]@{tau_accept:g}/{tau_slim:g}",
+                "random skipping",
+                "random",
+                label,
+                base,
+                {"slim": {"mask": random_mask}, "policy": policy},
+                mask,
+                layers,
+            )
     for alpha in sweep.alphas:
-        add(f"faster-cascade@{alpha:g}", FASTER_CASCADES, "faster-cascade", f"alpha {alpha:g}",
-            _method(methods, sweep.faster_cascade), {"alpha": float(alpha)})
+        add(
+            f"faster-cascade@{alpha:g}",
+            FASTER_CASCADES,
+            "faster-cascade",
+            f"alpha {alpha:g}",
+            _method(methods, sweep.faster_cascade),
+            {"alpha": float(alpha)},
+        )
     if sweep.cascade:
         add(sweep.cascade, CASCADE_SD, "cascade", None, _method(methods, sweep.cascade))
     if sweep.intermediate:
-        add(sweep.intermediate, "independent 0.5B middle model", "intermediate", None,
-            _method(methods, sweep.intermediate), slim_layers="draft")
+        add(
+            sweep.intermediate,
+            "independent 0.5B middle model",
+            "intermediate",
+            None,
+            _method(methods, sweep.intermediate),
+            slim_layers="draft",
+        )
     for name in sweep.extra:
         add(name, name, name, None, _method(methods, name))
     names = [p.name for p in points]
@@ -174,8 +216,17 @@ def gated_point(point: Point, min_confidence: float) -> Point:
     """`point` with a `DraftConfidenceGate` of the given (calibrated) threshold in its verifier."""
     gate = {"_target_": "viasd_adapters.verify.gate.DraftConfidenceGate", "min_confidence": float(min_confidence)}
     verifier = OmegaConf.merge(point.verifier, {"gate": gate})
-    return Point(f"{point.name}+gate", f"{point.family} + gate", "via-sd", f"{point.param}+gate", point.framework,
-                 verifier, point.mask, point.slim_layers, point.full_layers)
+    return Point(
+        f"{point.name}+gate",
+        f"{point.family} + gate",
+        "via-sd",
+        f"{point.param}+gate",
+        point.framework,
+        verifier,
+        point.mask,
+        point.slim_layers,
+        point.full_layers,
+    )
 
 
 # ---------------------------------------------------------------------- summaries
@@ -202,7 +253,9 @@ class PointSummary:
     quality: dict[str, float] = field(default_factory=dict)  # metric -> mean over its scorable records
     quality_n: dict[str, int] = field(default_factory=dict)  # metric -> records scored
     tier_shares: dict[str, float] = field(default_factory=dict)  # pooled share of draft tokens per tier
-    settled_share: float | None = None  # pooled: rounds the slim tier settled / rounds (None: records without the count)
+    settled_share: float | None = (
+        None  # pooled: rounds the slim tier settled / rounds (None: records without the count)
+    )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -213,8 +266,13 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def summarize(records: list[dict], points: list[Point], slim_costs: dict[str, float] | None = None,
-              full: str = "target", slim: str = "slim") -> list[PointSummary]:
+def summarize(
+    records: list[dict],
+    points: list[Point],
+    slim_costs: dict[str, float] | None = None,
+    full: str = "target",
+    slim: str = "slim",
+) -> list[PointSummary]:
     """One summary per point that has records, in the points' order."""
     by_method: dict[str, list[dict]] = defaultdict(list)
     for r in records:
@@ -228,7 +286,7 @@ def summarize(records: list[dict], points: list[Point], slim_costs: dict[str, fl
         accepted = sum(r["accepted"] for r in rs)
         tokens = sum(r["new_tokens"] for r in rs)
         steps = sum(r["steps"] for r in rs)
-        calls = lambda key: sum(r["model_calls"].get(key, {}).get("calls", 0) for r in rs)  # noqa: E731
+        calls = lambda key, rs=rs: sum(r["model_calls"].get(key, {}).get("calls", 0) for r in rs)
         quality: dict[str, list[float]] = defaultdict(list)
         for r in rs:
             if r.get("quality_metric") and r.get("quality") is not None:
@@ -238,34 +296,45 @@ def summarize(records: list[dict], points: list[Point], slim_costs: dict[str, fl
             for t, c in r["tier_counts"].items():
                 tiers[t] += c
         decided = sum(tiers.values())
-        out.append(PointSummary(
-            name=point.name, family=point.family, kind=point.kind, param=point.param, records=len(rs),
-            rejection_rate=1 - accepted / drafted if drafted else None,
-            tokens_per_round=tokens / steps if steps else 0.0,
-            full_per_token=calls(full) / tokens if tokens else 0.0,
-            slim_per_token=calls(slim) / tokens if tokens else 0.0,
-            settled_share=(sum(r["settled_blocks"] for r in rs) / steps
-                           if steps and all("settled_blocks" in r for r in rs) else None),
-            slim_cost=(slim_costs or {}).get(point.mask) if point.mask else None,
-            speedup_vs_ar=_median([r.get("speedup_vs_baseline") for r in rs]),
-            speedup_vs_host=_median([r.get("speedup_vs_host") for r in rs]),
-            agreement=statistics.fmean(r["token_match_vs_baseline"] for r in rs),
-            exact=statistics.fmean(r["exact_match_vs_baseline"] for r in rs),
-            quality={m: statistics.fmean(v) for m, v in quality.items()},
-            quality_n={m: len(v) for m, v in quality.items()},
-            tier_shares={t: c / decided for t, c in tiers.items()} if decided else {},
-        ))
+        out.append(
+            PointSummary(
+                name=point.name,
+                family=point.family,
+                kind=point.kind,
+                param=point.param,
+                records=len(rs),
+                rejection_rate=1 - accepted / drafted if drafted else None,
+                tokens_per_round=tokens / steps if steps else 0.0,
+                full_per_token=calls(full) / tokens if tokens else 0.0,
+                slim_per_token=calls(slim) / tokens if tokens else 0.0,
+                settled_share=(
+                    sum(r["settled_blocks"] for r in rs) / steps
+                    if steps and all("settled_blocks" in r for r in rs)
+                    else None
+                ),
+                slim_cost=(slim_costs or {}).get(point.mask) if point.mask else None,
+                speedup_vs_ar=_median([r.get("speedup_vs_baseline") for r in rs]),
+                speedup_vs_host=_median([r.get("speedup_vs_host") for r in rs]),
+                agreement=statistics.fmean(r["token_match_vs_baseline"] for r in rs),
+                exact=statistics.fmean(r["exact_match_vs_baseline"] for r in rs),
+                quality={m: statistics.fmean(v) for m, v in quality.items()},
+                quality_n={m: len(v) for m, v in quality.items()},
+                tier_shares={t: c / decided for t, c in tiers.items()} if decided else {},
+            )
+        )
     return out
 
 
 def quality_gaps(point: PointSummary, reference: PointSummary) -> dict[str, float]:
     """metric -> (point - reference) in points (positive: better than the reference)."""
-    return {m: POINTS.get(m, 100.0) * (v - reference.quality[m]) for m, v in point.quality.items()
-            if m in reference.quality}
+    return {
+        m: POINTS.get(m, 100.0) * (v - reference.quality[m]) for m, v in point.quality.items() if m in reference.quality
+    }
 
 
-def matches_quality(point: PointSummary, reference: PointSummary, min_agreement: float = 0.98,
-                    tolerance: float = 1.0) -> bool:
+def matches_quality(
+    point: PointSummary, reference: PointSummary, min_agreement: float = 0.98, tolerance: float = 1.0
+) -> bool:
     """Agreement >= `min_agreement` and no task metric more than `tolerance` points below the reference."""
     if point.agreement < min_agreement:
         return False
@@ -288,9 +357,13 @@ def _fastest(points: list[PointSummary]) -> PointSummary | None:
     return max(scored, key=lambda p: p.speedup_vs_ar) if scored else None
 
 
-def matched_comparison(summaries: list[PointSummary], baseline: str = "ar", min_agreement: float = 0.98,
-                       tolerance: float = 1.0, rivals: tuple[str, ...] = (FASTER_CASCADES, CASCADE_SD, "SD"),
-                       ) -> list[Comparison]:
+def matched_comparison(
+    summaries: list[PointSummary],
+    baseline: str = "ar",
+    min_agreement: float = 0.98,
+    tolerance: float = 1.0,
+    rivals: tuple[str, ...] = (FASTER_CASCADES, CASCADE_SD, "SD"),
+) -> list[Comparison]:
     """For each rival family: VIA-SD's fastest matched point minus the rival's fastest matched point."""
     by_name = {s.name: s for s in summaries}
     if baseline not in by_name:
@@ -302,8 +375,11 @@ def matched_comparison(summaries: list[PointSummary], baseline: str = "ar", min_
     for rival in rivals:
         other = _fastest([s for s in matched if s.family == rival])
         both = via is not None and other is not None
-        rej = (via.rejection_rate - other.rejection_rate
-               if both and via.rejection_rate is not None and other.rejection_rate is not None else None)
+        rej = (
+            via.rejection_rate - other.rejection_rate
+            if both and via.rejection_rate is not None and other.rejection_rate is not None
+            else None
+        )
         speed = via.speedup_vs_ar - other.speedup_vs_ar if both else None
         out.append(Comparison(rival, via, other, rej, speed))
     return out
@@ -316,20 +392,43 @@ def _f(value, fmt="{:.2f}") -> str:
     return "–" if value is None else fmt.format(value)
 
 
-def points_table(summaries: list[PointSummary], baseline: str = "ar", min_agreement: float = 0.98,
-                 tolerance: float = 1.0) -> str:
+def points_table(
+    summaries: list[PointSummary], baseline: str = "ar", min_agreement: float = 0.98, tolerance: float = 1.0
+) -> str:
     """Every point: cost counters, measured speed, quality (points vs the baseline), matched or not."""
     ref = next(s for s in summaries if s.name == baseline)
     metrics = sorted({m for s in summaries for m in s.quality})
-    head = ["point", "family", "rejection rate", "tokens/round", "full fwd/token", "slim fwd/token",
-            "settled share", "slim cost (x full)", "speedup vs ar", "speedup vs host", "agreement", "exact"]
+    head = [
+        "point",
+        "family",
+        "rejection rate",
+        "tokens/round",
+        "full fwd/token",
+        "slim fwd/token",
+        "settled share",
+        "slim cost (x full)",
+        "speedup vs ar",
+        "speedup vs host",
+        "agreement",
+        "exact",
+    ]
     head += [f"{m} (n)" for m in metrics] + ["matched"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summaries:
-        row = [s.name, s.family, _f(s.rejection_rate, "{:.3f}"), _f(s.tokens_per_round), _f(s.full_per_token, "{:.3f}"),
-               _f(s.slim_per_token, "{:.3f}"), _f(s.settled_share, "{:.3f}"), _f(s.slim_cost), _f(s.speedup_vs_ar),
-               _f(s.speedup_vs_host),
-               _f(s.agreement, "{:.3f}"), _f(s.exact)]
+        row = [
+            s.name,
+            s.family,
+            _f(s.rejection_rate, "{:.3f}"),
+            _f(s.tokens_per_round),
+            _f(s.full_per_token, "{:.3f}"),
+            _f(s.slim_per_token, "{:.3f}"),
+            _f(s.settled_share, "{:.3f}"),
+            _f(s.slim_cost),
+            _f(s.speedup_vs_ar),
+            _f(s.speedup_vs_host),
+            _f(s.agreement, "{:.3f}"),
+            _f(s.exact),
+        ]
         for m in metrics:
             value = s.quality.get(m)
             row.append("–" if value is None else f"{POINTS.get(m, 100.0) * value:.1f} ({s.quality_n[m]})")
@@ -342,11 +441,21 @@ def comparison_table(comparisons: list[Comparison]) -> str:
     head = ["rival", "VIA-SD point", "rival point", "rejection: VIA-SD - rival", "speedup vs ar: VIA-SD - rival"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in comparisons:
-        via = f"{c.via_sd.name} (rej {_f(c.via_sd.rejection_rate, '{:.3f}')}, {_f(c.via_sd.speedup_vs_ar)}x, " \
-              f"agreement {c.via_sd.agreement:.3f})" if c.via_sd else "none matches quality"
-        other = f"{c.other.name} (rej {_f(c.other.rejection_rate, '{:.3f}')}, {_f(c.other.speedup_vs_ar)}x, " \
-                f"agreement {c.other.agreement:.3f})" if c.other else "none matches quality"
-        lines.append(f"| {c.rival} | {via} | {other} | {_f(c.rejection_diff, '{:+.3f}')} | {_f(c.speed_diff, '{:+.2f}')} |")
+        via = (
+            f"{c.via_sd.name} (rej {_f(c.via_sd.rejection_rate, '{:.3f}')}, {_f(c.via_sd.speedup_vs_ar)}x, "
+            f"agreement {c.via_sd.agreement:.3f})"
+            if c.via_sd
+            else "none matches quality"
+        )
+        other = (
+            f"{c.other.name} (rej {_f(c.other.rejection_rate, '{:.3f}')}, {_f(c.other.speedup_vs_ar)}x, "
+            f"agreement {c.other.agreement:.3f})"
+            if c.other
+            else "none matches quality"
+        )
+        lines.append(
+            f"| {c.rival} | {via} | {other} | {_f(c.rejection_diff, '{:+.3f}')} | {_f(c.speed_diff, '{:+.2f}')} |"
+        )
     return "\n".join(lines)
 
 
@@ -366,7 +475,9 @@ def worst_gap(point: PointSummary, reference: PointSummary) -> float | None:
     return min(gaps.values()) if gaps else None
 
 
-def frontier_plots(summaries: list[PointSummary], out_dir: Path, subtitle: str = "", baseline: str = "ar") -> list[Path]:
+def frontier_plots(
+    summaries: list[PointSummary], out_dir: Path, subtitle: str = "", baseline: str = "ar"
+) -> list[Path]:
     """speed_quality.png (speedup vs AR) and rejection_quality.png (rejection rate), each against two
     quality measures: token agreement with AR, and the worst task-metric gap to AR in points.
     One curve per family, its points joined in sweep order and labelled with their parameter."""
@@ -377,8 +488,10 @@ def frontier_plots(summaries: list[PointSummary], out_dir: Path, subtitle: str =
     if ref is not None and ref.quality:
         quality.append(("worst task-metric gap to AR (points)", lambda p: worst_gap(p, ref)))
     paths = []
-    for x_key, x_label, file in (("speedup_vs_ar", "speedup vs AR (median, measured)", "speed_quality.png"),
-                                 ("rejection_rate", "rejection rate (pooled)", "rejection_quality.png")):
+    for x_key, x_label, file in (
+        ("speedup_vs_ar", "speedup vs AR (median, measured)", "speed_quality.png"),
+        ("rejection_rate", "rejection rate (pooled)", "rejection_quality.png"),
+    ):
         fig, axes = plt.subplots(1, len(quality), figsize=(6.0 * len(quality) + 2.0, 4.8), squeeze=False)
         for ax, (y_label, y_of) in zip(axes[0], quality):
             for k, (family, pts) in enumerate(_curves(summaries).items()):
@@ -388,8 +501,15 @@ def frontier_plots(summaries: list[PointSummary], out_dir: Path, subtitle: str =
                 xs, ys = [getattr(p, x_key) for p in pts], [y_of(p) for p in pts]
                 # 20 distinct colours (tab20's ten dark hues, then their light twins) and a marker
                 # cycle of another length: a sweep of 15+ families stays legible.
-                ax.plot(xs, ys, marker="os^Dv<>P*Xhd"[k % 12], ls="-" if len(pts) > 1 else "none",
-                        color=plt.cm.tab20((2 * k) % 20 + (k // 10) % 2), label=family, alpha=0.85)
+                ax.plot(
+                    xs,
+                    ys,
+                    marker="os^Dv<>P*Xhd"[k % 12],
+                    ls="-" if len(pts) > 1 else "none",
+                    color=plt.cm.tab20((2 * k) % 20 + (k // 10) % 2),
+                    label=family,
+                    alpha=0.85,
+                )
                 for p, x, y in zip(pts, xs, ys):
                     if p.param:
                         ax.annotate(p.param, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)

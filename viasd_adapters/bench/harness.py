@@ -23,8 +23,8 @@ import contextlib
 import dataclasses
 import datetime
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -47,7 +47,9 @@ class Method:
     name: str  # its key in records and tables (e.g. "ar", "sd", "ar-2t")
     decoder: Decoder
     threads: int | None = None  # torch threads while it decodes; None: the process's setting
-    kind: str | None = None  # its framework ("ar", "sd", ...); methods of the baseline's kind are baselines at their cores
+    kind: str | None = (
+        None  # its framework ("ar", "sd", ...); methods of the baseline's kind are baselines at their cores
+    )
 
     def __post_init__(self) -> None:
         if self.threads is not None and self.threads < 1:
@@ -193,7 +195,9 @@ class Harness:
         if self.skipped:
             logger.warning(
                 "skipped %d prompt(s) longer than the target's context window (%d tokens): %s",
-                len(self.skipped), limit, self.skipped,
+                len(self.skipped),
+                limit,
+                self.skipped,
             )
         if not kept:
             raise ValueError(f"every prompt of task {self.task.name!r} is longer than the context window ({limit})")
@@ -209,7 +213,14 @@ class Harness:
         return metric, self._scores[key]
 
     def _record(
-        self, prompt: Prompt, ids: torch.Tensor, rep: int, method: Method, slot: int, result: GenerationResult, resources: dict
+        self,
+        prompt: Prompt,
+        ids: torch.Tensor,
+        rep: int,
+        method: Method,
+        slot: int,
+        result: GenerationResult,
+        resources: dict,
     ) -> dict:
         stats = result.stats
         n = stats.new_tokens
@@ -288,11 +299,15 @@ class Harness:
         for record in group:
             same = by_cores.get(record["cores"])
             record["baseline_same_cores"] = same["method"] if same else None
-            record["speedup_same_cores"] = _ratio(record["tokens_per_second"], same["tokens_per_second"]) if same else None
+            record["speedup_same_cores"] = (
+                _ratio(record["tokens_per_second"], same["tokens_per_second"]) if same else None
+            )
             # What the forwards alone would allow: the baseline's ms/token over this record's
             # forward ms/token, i.e. the speedup with zero overhead.
             forwards = sum(record[f"{role}_ms_per_token"] or 0.0 for role in ("target", "slim", "draft"))
-            record["speedup_bound_no_overhead"] = _ratio(same["ms_per_token"], forwards) if same and same["ms_per_token"] else None
+            record["speedup_bound_no_overhead"] = (
+                _ratio(same["ms_per_token"], forwards) if same and same["ms_per_token"] else None
+            )
             match, exact = token_agreement(record["output_tokens"], base["output_tokens"])
             record["baseline"] = self.settings.baseline
             record["speedup_vs_baseline"] = _ratio(record["tokens_per_second"], base["tokens_per_second"])

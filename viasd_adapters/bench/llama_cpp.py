@@ -54,8 +54,14 @@ class LlamaCppDecoder(Decoder):
         from llama_cpp import Llama
 
         threads = torch.get_num_threads()
-        self.llm = Llama(model_path=str(gguf_file(model)), n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
-                         n_threads_batch=threads, verbose=False)
+        self.llm = Llama(
+            model_path=str(gguf_file(model)),
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            n_threads=threads,
+            n_threads_batch=threads,
+            verbose=False,
+        )
         if self.llm.n_vocab() > target.config.vocab_size:
             raise ValueError(
                 f"{model}'s GGUF has {self.llm.n_vocab()} tokens but the target {target.config.vocab_size}:"
@@ -81,8 +87,13 @@ class LlamaCppDecoder(Decoder):
         stats = DecodeStats()
         begin = time.perf_counter()
         tokens = self.llm.generate(
-            committed.ids[0].tolist(), temp=0.0 if sampling.greedy else sampling.temperature,
-            top_k=sampling.top_k, top_p=sampling.top_p, min_p=0.0, typical_p=1.0, repeat_penalty=1.0,
+            committed.ids[0].tolist(),
+            temp=0.0 if sampling.greedy else sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            min_p=0.0,
+            typical_p=1.0,
+            repeat_penalty=1.0,
         )
         for token in tokens:
             committed.commit(input_ids.new_tensor([token]))

@@ -25,8 +25,9 @@ import inspect
 import logging
 import re
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .tasks import Prompt

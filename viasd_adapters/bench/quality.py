@@ -128,9 +128,23 @@ def paired_quality(runs: dict[str, dict[tuple[str, str], dict]], reference: str)
                 test = stats.ttest_rel(a, b)
                 ci = test.confidence_interval(0.95)
                 low, high, p = ci.low, ci.high, float(test.pvalue)
-            rows.append(PairedQuality(
-                name, reference, category, metric, len(keys), difference, low, high, only_a, only_b, float(p),
-                sum(m for m, _ in agreement) / len(keys), sum(exact for _, exact in agreement)))
+            rows.append(
+                PairedQuality(
+                    name,
+                    reference,
+                    category,
+                    metric,
+                    len(keys),
+                    difference,
+                    low,
+                    high,
+                    only_a,
+                    only_b,
+                    float(p),
+                    sum(m for m, _ in agreement) / len(keys),
+                    sum(exact for _, exact in agreement),
+                )
+            )
     return rows
 
 
@@ -141,20 +155,32 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 def markdown(quality: list[RunQuality], paired: list[PairedQuality]) -> str:
     lines = ["| category | metric | run | n | mean | 95% interval | cut at budget |", "|---|---|---|---|---|---|---|"]
     for q in quality:
-        lines.append(f"| {q.category} | {q.metric} | {q.run} | {q.n} | {_fmt(q.mean)} | {_fmt(q.low)}-{_fmt(q.high)} | {q.cut} |")
-    lines += ["", "| category | run - reference | n | difference | 95% interval | only run / only reference right | p | token match | identical |",
-              "|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {q.category} | {q.metric} | {q.run} | {q.n} | {_fmt(q.mean)} | {_fmt(q.low)}-{_fmt(q.high)} | {q.cut} |"
+        )
+    lines += [
+        "",
+        "| category | run - reference | n | difference | 95% interval | only run / only reference right | p | token match | identical |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for p in paired:
         interval = "-" if p.low is None else f"{_fmt(p.low)} to {_fmt(p.high)}"
         counts = "-" if p.only_run is None else f"{p.only_run} / {p.only_reference}"
-        lines.append(f"| {p.category} | {p.run} - {p.reference} | {p.n} | {_fmt(p.difference)} | {interval} | {counts}"
-                     f" | {_fmt(p.p_value, 2)} | {_fmt(p.token_match)} | {p.identical} |")
+        lines.append(
+            f"| {p.category} | {p.run} - {p.reference} | {p.n} | {_fmt(p.difference)} | {interval} | {counts}"
+            f" | {_fmt(p.p_value, 2)} | {_fmt(p.token_match)} | {p.identical} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", metavar="NAME=RUN_DIR", help="runs to compare (several run dirs of one name: join them with ',')")
+    parser.add_argument(
+        "runs",
+        nargs="+",
+        metavar="NAME=RUN_DIR",
+        help="runs to compare (several run dirs of one name: join them with ',')",
+    )
     parser.add_argument("--reference", required=True, help="the NAME the others are paired with")
     parser.add_argument("--method", default=None, help="the method of each run to score (default: its baseline)")
     parser.add_argument("--out", default=None, help="also write quality.md and quality.json into this directory")
@@ -172,8 +198,9 @@ def main(argv: list[str] | None = None) -> None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "quality.md").write_text(table)
-        (out / "quality.json").write_text(json.dumps(
-            {"runs": [asdict(q) for q in quality], "paired": [asdict(p) for p in paired]}, indent=1))
+        (out / "quality.json").write_text(
+            json.dumps({"runs": [asdict(q) for q in quality], "paired": [asdict(p) for p in paired]}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 TIER_ORDER = ("accept", "slim", "full")  # VIA-SD's three tiers, in decision order
 DASH = "–"
@@ -179,7 +179,13 @@ def load_line(records: list[dict]) -> str:
 
 def equal_cores_note(records: list[dict]) -> str:
     """Which methods lack a baseline at their core count (their equal-cores column is a dash)."""
-    missing = sorted({f"{r['method']} ({r['cores']} cores)" for r in records if r.get("cores") and r.get("baseline_same_cores") is None})
+    missing = sorted(
+        {
+            f"{r['method']} ({r['cores']} cores)"
+            for r in records
+            if r.get("cores") and r.get("baseline_same_cores") is None
+        }
+    )
     if not missing:
         return ""
     return f"No baseline ran at the cores of {', '.join(missing)}: add one (e.g. method ar-2t) to compare them fairly."
@@ -248,7 +254,9 @@ def paired_ratios(records: list[dict], method: str, reference: str) -> list[floa
     ]
 
 
-def ablation(records: list[dict], reference: str, levers: list[str], combined: str | None = None) -> tuple[str, list[dict]]:
+def ablation(
+    records: list[dict], reference: str, levers: list[str], combined: str | None = None
+) -> tuple[str, list[dict]]:
     """Each lever's gain over `reference` (the method without levers) and its share of the gain.
 
     Gains are medians of paired ratios; shares split the log-gain, so the levers' shares and the
@@ -271,12 +279,14 @@ def ablation(records: list[dict], reference: str, levers: list[str], combined: s
     if combined:
         alone = sum(math.log(r["gain"]) for r in rows if r["gain"])
         rows.append({"method": f"{combined} (all levers)", "gain": total, "share": 1.0 if log_total else None})
-        rows.append({
-            "method": "interaction (combined beyond the product of the levers alone)",
-            "gain": math.exp(math.log(total) - alone) if total else None,
-            "share": (math.log(total) - alone) / log_total if log_total else None,
-        })
-    fmt = lambda v, f: DASH if v is None else f.format(v)  # noqa: E731
+        rows.append(
+            {
+                "method": "interaction (combined beyond the product of the levers alone)",
+                "gain": math.exp(math.log(total) - alone) if total else None,
+                "share": (math.log(total) - alone) / log_total if log_total else None,
+            }
+        )
+    fmt = lambda v, f: DASH if v is None else f.format(v)
     lines = [
         f"| lever (method) | speedup vs {reference} | share of the combined gain |",
         "|---|---|---|",

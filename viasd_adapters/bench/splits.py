@@ -41,7 +41,9 @@ def evaluation(groups: list[list[Row]], limit: int | None) -> list[list[Row]]:
     return [group[:limit] for group in groups]
 
 
-def from_end(groups: list[list[Row]], split: str, per_category: int, name: Callable[[int], str] = str) -> list[list[Row]]:
+def from_end(
+    groups: list[list[Row]], split: str, per_category: int, name: Callable[[int], str] = str
+) -> list[list[Row]]:
     """The `per_category` rows of `split` ("calibration" or "heldout"), counted from the end,
     last first; `name(i)` names category i in errors."""
     if split not in FROM_END:
@@ -50,7 +52,9 @@ def from_end(groups: list[list[Row]], split: str, per_category: int, name: Calla
     picked = []
     for i, group in enumerate(groups):
         if len(group) < skip + per_category + 1:
-            raise ValueError(f"category {name(i)!r} has {len(group)} prompts: too few to hold out {skip + per_category}")
+            raise ValueError(
+                f"category {name(i)!r} has {len(group)} prompts: too few to hold out {skip + per_category}"
+            )
         picked.append(list(reversed(group[len(group) - skip - per_category : len(group) - skip])))
     return picked
 

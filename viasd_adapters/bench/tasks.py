@@ -64,8 +64,7 @@ class Task(ABC):
         unknown = sorted(set(self.metrics.values()) - set(QUALITY_METRICS))
         if unknown:
             raise ValueError(
-                f"task {self.name!r}: unknown quality metric(s) {unknown};"
-                f" available: {sorted(QUALITY_METRICS)}"
+                f"task {self.name!r}: unknown quality metric(s) {unknown}; available: {sorted(QUALITY_METRICS)}"
             )
 
 
@@ -75,7 +74,7 @@ def resolve_path(path: str | Path) -> Path:
     given (`~` expanded; relative paths from the working directory)."""
     text = str(path)
     if text.startswith(PACKAGE_SCHEME):
-        module, _, name = text[len(PACKAGE_SCHEME):].partition("/")
+        module, _, name = text[len(PACKAGE_SCHEME) :].partition("/")
         if not module or not name:
             raise ValueError(f"{text!r}: a package file is written pkg://<module>/<file>")
         try:

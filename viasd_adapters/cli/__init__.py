@@ -1,4 +1,5 @@
 """Console entry points: thin `@hydra.main` wrappers around plain `run(cfg)` functions."""
+
 import contextlib
 import functools
 import sys
@@ -74,8 +75,10 @@ def apply_routing_file(cfg: DictConfig) -> None:
 
     file = Path(str(path)).expanduser()
     if not file.is_file():
-        raise ValueError(f"routing_file={path}: no such file; pass a mask YAML (viasd-search writes"
-                         " <out_dir>/mask.yaml) or select a config by name with routing=NAME")
+        raise ValueError(
+            f"routing_file={path}: no such file; pass a mask YAML (viasd-search writes"
+            " <out_dir>/mask.yaml) or select a config by name with routing=NAME"
+        )
     try:
         RoutingMask.from_yaml(file)
     except (ValueError, TypeError, KeyError, yaml.YAMLError) as err:

@@ -19,9 +19,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..bench import plots
-from ..checks import check_config
 from ..bench.harness import BenchSettings, Harness, Method
 from ..bench.report import ablation, build_report
+from ..checks import check_config
 from ..hardware import cpu_info, device_label
 from ..pipeline import build_decoder, load_pair, uses_draft_model
 from . import apply_routing_file, entry_point, set_threads
@@ -61,7 +61,11 @@ def run(cfg: DictConfig) -> BenchOutcome:
     if not cfg.method:
         raise ValueError("no method to run: pass method=[ar,sd,...] (files in conf/method/)")
     if cfg.get("ablation"):
-        named = [cfg.ablation.reference, *cfg.ablation.levers, *([cfg.ablation.combined] if cfg.ablation.get("combined") else [])]
+        named = [
+            cfg.ablation.reference,
+            *cfg.ablation.levers,
+            *([cfg.ablation.combined] if cfg.ablation.get("combined") else []),
+        ]
         if missing := [m for m in named if m not in cfg.method]:
             raise ValueError(f"ablation names methods {missing} that are not in method=[...]: add them")
     apply_routing_file(cfg)

@@ -51,7 +51,10 @@ def run(cfg: DictConfig) -> tuple[DraftVocabulary, Path]:
         raise ValueError("no calibration prompts: give at least one source")
     texts = [tokenizer(text, add_special_tokens=False).input_ids for _, text in prompts]
     vocab = DraftVocabulary.from_counts(
-        count_tokens(texts), cfg.size, V, always=stops,
+        count_tokens(texts),
+        cfg.size,
+        V,
+        always=stops,
         description={"tokenizer": spec.name, "size": cfg.size, "prompts": [pid for pid, _ in prompts]},
     )
     out_dir = Path(cfg.out_dir or HydraConfig.get().runtime.output_dir)
@@ -63,8 +66,10 @@ def run(cfg: DictConfig) -> tuple[DraftVocabulary, Path]:
 def main(cfg: DictConfig) -> None:
     vocab, path = run(cfg)
     info = vocab.description
-    print(f"{len(vocab)} ids; calibration text {info['calibration_tokens']} tokens over"
-          f" {len(info['prompts'])} prompts, {info['calibration_coverage']:.4f} of them kept; wrote {path}")
+    print(
+        f"{len(vocab)} ids; calibration text {info['calibration_tokens']} tokens over"
+        f" {len(info['prompts'])} prompts, {info['calibration_coverage']:.4f} of them kept; wrote {path}"
+    )
 
 
 if __name__ == "__main__":

@@ -19,13 +19,19 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ..checks import check_config
+from ..configs import load_routing, result_option
+from ..costs import measure_cost_ratio
 from ..pipeline import encode_prompt, load_pair, uses_draft_model
 from ..search.calibration import PromptSource, select_prompts
 from ..search.thresholds import (
-    ThresholdResult, choose, evaluate_thresholds, host_cost, reference_outputs, verify_cost, write_policy,
+    ThresholdResult,
+    choose,
+    evaluate_thresholds,
+    host_cost,
+    reference_outputs,
+    verify_cost,
+    write_policy,
 )
-from ..costs import measure_cost_ratio
-from ..configs import load_routing, result_option
 from . import apply_routing_file, check_prompt_sources, entry_point, set_threads
 
 logger = logging.getLogger(__name__)
@@ -71,22 +77,31 @@ def run(cfg: DictConfig) -> CalibrationOutcome:
         if node is not None:
             verifier = OmegaConf.create(OmegaConf.to_container(cfg.verifier, resolve=True))
             verifier.slim.mask = node
-            ratio = measure_cost_ratio(pair.target.model, instantiate(node, _convert_="all"), prompts[0],
-                                       int(cfg.cost_block_tokens), repetitions=7).ratio
-        for r in evaluate_thresholds(pair, cfg.framework, verifier, prompts, grid, cfg.max_new_tokens, references,
-                                     cfg.progress):
+            ratio = measure_cost_ratio(
+                pair.target.model,
+                instantiate(node, _convert_="all"),
+                prompts[0],
+                int(cfg.cost_block_tokens),
+                repetitions=7,
+            ).ratio
+        for r in evaluate_thresholds(
+            pair, cfg.framework, verifier, prompts, grid, cfg.max_new_tokens, references, cfg.progress
+        ):
             results.append(replace(r, mask=mask_name, slim_cost=ratio))
     best, met = choose(results, cfg.target_agreement)
     if cfg.masks and met and verify_cost(best) >= host_cost(references):
-        logger.warning("the slim tier does not pay on these prompts: the cheapest setting costs %.3f forwards per"
-                       " token, the host with the tiers off %.3f; decode with verifier=full",
-                       verify_cost(best), host_cost(references))
+        logger.warning(
+            "the slim tier does not pay on these prompts: the cheapest setting costs %.3f forwards per"
+            " token, the host with the tiers off %.3f; decode with verifier=full",
+            verify_cost(best),
+            host_cost(references),
+        )
     if not met:
         logger.warning("no setting reached agreement %.3f; writing the most faithful one", cfg.target_agreement)
     facts = {
         "model_pair": cfg.model_pair.name,
-        "routing": best.mask or (cfg.routing.get("provenance", {}).get("method", "?")
-                                 + f" skip {list(cfg.routing.skip_layers)}"),
+        "routing": best.mask
+        or (cfg.routing.get("provenance", {}).get("method", "?") + f" skip {list(cfg.routing.skip_layers)}"),
         "framework": cfg.framework.name,
         "dtype": cfg.runtime.dtype,
         "prompts": len(prompts),
@@ -112,8 +127,9 @@ def main(cfg: DictConfig) -> None:
             f" {r.tokens_per_second:5.2f}{mark}"
         )
     print(f"wrote {out.path}\ninstalled: {out.installed}")
-    print(f"use it: {out.override}  (e.g. viasd-generate model_pair={cfg.model_pair.name}"
-          f" verifier=tiered {out.override})")
+    print(
+        f"use it: {out.override}  (e.g. viasd-generate model_pair={cfg.model_pair.name} verifier=tiered {out.override})"
+    )
 
 
 if __name__ == "__main__":

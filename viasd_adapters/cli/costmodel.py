@@ -51,15 +51,31 @@ def _read_run(path: Path) -> tuple[list[dict], dict[str, float | str], dict[str,
 
 def profile_markdown(profile: LatencyProfile, fitted: dict[str, CostModel]) -> str:
     """The entries, then each drafter variant's fitted lines ({draft variant: cost model})."""
-    lines = [f"# Latency profile: {profile.hardware}", "", f"torch {profile.torch_version}, {profile.created}", "",
-             "| model | dtype | threads | layers run | tokens fed | context | ms (median) |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {e.model} | {e.dtype} | {e.threads} | {'all' if e.layers is None else f'{e.layers:g}'} | {e.new_tokens}"
-              f" | {e.context} | {e.ms:.1f} |" for e in profile.entries]
-    lines += ["", "Fitted: ms(n, l) = a + b l + (c + d l) n", "", "| draft variant | line | a | b | c | d |",
-              "|---|---|---|---|---|---|"]
+    lines = [
+        f"# Latency profile: {profile.hardware}",
+        "",
+        f"torch {profile.torch_version}, {profile.created}",
+        "",
+        "| model | dtype | threads | layers run | tokens fed | context | ms (median) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {e.model} | {e.dtype} | {e.threads} | {'all' if e.layers is None else f'{e.layers:g}'} | {e.new_tokens}"
+        f" | {e.context} | {e.ms:.1f} |"
+        for e in profile.entries
+    ]
+    lines += [
+        "",
+        "Fitted: ms(n, l) = a + b l + (c + d l) n",
+        "",
+        "| draft variant | line | a | b | c | d |",
+        "|---|---|---|---|---|---|",
+    ]
     for variant, model in fitted.items():
         for kind, table in (("decode", model.decode), ("prefill", model.prefill)):
-            lines += [f"| {variant} | {kind} {k} | {v.a:.2f} | {v.b:.3f} | {v.c:.3f} | {v.d:.4f} |" for k, v in table.items()]
+            lines += [
+                f"| {variant} | {kind} {k} | {v.a:.2f} | {v.b:.3f} | {v.c:.3f} | {v.d:.4f} |" for k, v in table.items()
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -69,13 +85,17 @@ def run(cfg: DictConfig) -> Path:
         masks = [instantiate(node, _convert_="all") for node in load_routing(list(cfg.masks)).values()]
         set_threads(cfg.runtime.threads)
         pair = load_pair(cfg.model_pair, with_draft=True)
-        profile = measure_pair(pair, masks, [cfg.context], list(cfg.tokens), list(cfg.prefill), cfg.repetitions,
-                               list(cfg.quantizations))
+        profile = measure_pair(
+            pair, masks, [cfg.context], list(cfg.tokens), list(cfg.prefill), cfg.repetitions, list(cfg.quantizations)
+        )
         profile.save(out_dir / "profile.json")
         draft_dtype = pair.draft.spec.dtype
-        fitted = {v: CostModel.fit(profile, pair.target.spec.name, pair.draft.spec.name, pair.target.spec.dtype, v,
-                                   context=cfg.context)
-                  for v in [draft_dtype] + [f"{draft_dtype}+{q}" for q in cfg.quantizations]}
+        fitted = {
+            v: CostModel.fit(
+                profile, pair.target.spec.name, pair.draft.spec.name, pair.target.spec.dtype, v, context=cfg.context
+            )
+            for v in [draft_dtype] + [f"{draft_dtype}+{q}" for q in cfg.quantizations]
+        }
         (out_dir / "profile.md").write_text(profile_markdown(profile, fitted))
         return out_dir / "profile.md"
     if cfg.mode == "predict":
@@ -89,8 +109,14 @@ def run(cfg: DictConfig) -> Path:
         L = costs(records[0]).num_layers  # the target's depth (every record's cost model has it)
         modelled = [CostModel.synthetic(L, float(r)) for r in cfg.draft_ratios]
         table = costmodel.modelled_speedups(records, modelled, slim, cfg.baseline, full)
-        text = [costmodel.validation_table(predictions, profile.hardware), "",
-                "## MODELLED, not measured", "", "| method | " + " | ".join(table) + " |", "|---|" + "---|" * len(table)]
+        text = [
+            costmodel.validation_table(predictions, profile.hardware),
+            "",
+            "## MODELLED, not measured",
+            "",
+            "| method | " + " | ".join(table) + " |",
+            "|---|" + "---|" * len(table),
+        ]
         for name in dict.fromkeys(r["method"] for r in records):
             text.append(f"| {name} | " + " | ".join(f"{table[d].get(name) or 0:.2f}" for d in table) + " |")
         out_dir.mkdir(parents=True, exist_ok=True)

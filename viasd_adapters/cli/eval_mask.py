@@ -23,8 +23,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ..checks import check_config
+from ..costs import CostRatio, measure_cost_ratio
 from ..models import load_model
-from . import apply_routing_file, check_prompt_sources, entry_point, set_threads
 from ..routing import RoutingMask, format_layers
 from ..search import (
     Budget,
@@ -36,7 +36,7 @@ from ..search import (
     prepare_target,
     sensitivity,
 )
-from ..costs import CostRatio, measure_cost_ratio
+from . import apply_routing_file, check_prompt_sources, entry_point, set_threads
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +52,10 @@ class EvalOutput:
 
     @property
     def random_median(self) -> dict:
-        return {"kl": statistics.median(m.kl for _, m in self.random),
-                "top1": statistics.median(m.top1 for _, m in self.random)}
+        return {
+            "kl": statistics.median(m.kl for _, m in self.random),
+            "top1": statistics.median(m.top1 for _, m in self.random),
+        }
 
 
 def run(cfg: DictConfig) -> EvalOutput:
@@ -67,8 +69,9 @@ def run(cfg: DictConfig) -> EvalOutput:
     mask: RoutingMask = instantiate(cfg.routing, _convert_="all")
     if mask.is_identity:
         raise ValueError("routing mask skips nothing: pick a searched mask, e.g. routing=qwen2.5-coder-1.5b-4l")
-    heldout = prepare_target(loaded, CalibrationConfig(**OmegaConf.to_container(cfg.calibration, resolve=True)),
-                             cfg.cache_dir, cfg.progress)
+    heldout = prepare_target(
+        loaded, CalibrationConfig(**OmegaConf.to_container(cfg.calibration, resolve=True)), cfg.cache_dir, cfg.progress
+    )
     L = heldout.num_layers
     mask = mask.bind(L, heldout.model_name)
     found = heldout.objective(mask)
@@ -85,8 +88,12 @@ def run(cfg: DictConfig) -> EvalOutput:
     k = round(mask.skipped_cost(share))
     if cfg.greedy and 1 <= k < L:
         # Fitted on the calibration split, as the search was; scored on the held-out split.
-        fit = prepare_target(loaded, CalibrationConfig(**OmegaConf.to_container(cfg.greedy_calibration, resolve=True)),
-                             cfg.cache_dir, cfg.progress)
+        fit = prepare_target(
+            loaded,
+            CalibrationConfig(**OmegaConf.to_container(cfg.greedy_calibration, resolve=True)),
+            cfg.cache_dir,
+            cfg.progress,
+        )
         pool = None
         if cfg.get("greedy_candidates"):  # as `viasd-search search.candidates=N`: the N least sensitive layers
             table = sensitivity(fit.objective, L, progress=cfg.progress)
@@ -99,8 +106,9 @@ def run(cfg: DictConfig) -> EvalOutput:
         ids = torch.tensor(heldout.calibration.texts[0].ids, device=loaded.model.device)
         context = ids.repeat((cfg.timing.context_tokens + len(ids) - 1) // len(ids))[: cfg.timing.context_tokens]
         for tokens in (1, cfg.timing.verify_tokens):
-            timing.append(measure_cost_ratio(loaded.model, mask, context[None], tokens, cfg.timing.repetitions,
-                                             cfg.timing.warmup))
+            timing.append(
+                measure_cost_ratio(loaded.model, mask, context[None], tokens, cfg.timing.repetitions, cfg.timing.warmup)
+            )
 
     out = EvalOutput(mask, found, random, greedy, timing)
     out.path = _write(cfg, out, heldout)
@@ -126,25 +134,34 @@ def _write(cfg: DictConfig, out: EvalOutput, heldout) -> Path:
         "found": out.found.to_dict(),
         "random_median": out.random_median | {"count": len(out.random)},
         "random": [{"skips": [list(s) for s in m.skips], **x.to_dict()} for m, x in out.random],
-        "greedy": None if out.greedy is None else {"skip_layers": list(out.greedy[0].skip_layers),
-                                                    **out.greedy[1].to_dict()},
+        "greedy": None
+        if out.greedy is None
+        else {"skip_layers": list(out.greedy[0].skip_layers), **out.greedy[1].to_dict()},
         "cost_ratio": [t.to_dict() for t in out.timing],
         "threads": torch.get_num_threads(),
         "date": datetime.date.today().isoformat(),
     }
     path = out_dir / f"eval-{slug}.json"
     path.write_text(json.dumps(summary, indent=1))
-    lines = [f"# {heldout.model_name}: {out.mask.describe()} on held-out text",
-             "", f"{heldout.calibration.num_scored} scored positions, prompts "
-             f"{', '.join(heldout.calibration.description['prompts'])}", "",
-             "| mask | skipped | KL(q‖u) | top-1 agreement |", "|---|---|---|---|",
-             _row("**found**", out.mask, out.found),
-             _row(f"random, median of {len(out.random)}", "same budget", out.random_median)]
+    lines = [
+        f"# {heldout.model_name}: {out.mask.describe()} on held-out text",
+        "",
+        f"{heldout.calibration.num_scored} scored positions, prompts "
+        f"{', '.join(heldout.calibration.description['prompts'])}",
+        "",
+        "| mask | skipped | KL(q‖u) | top-1 agreement |",
+        "|---|---|---|---|",
+        _row("**found**", out.mask, out.found),
+        _row(f"random, median of {len(out.random)}", "same budget", out.random_median),
+    ]
     if out.greedy is not None:
         lines.append(_row("greedy removal", *out.greedy))
         if "greedy" in (out.mask.provenance or {}).get("seeds", []):
-            lines += ["", "Greedy removal's mask was a seed of this mask's search, so the two are not independent: "
-                      "read no margin over greedy removal into this table."]
+            lines += [
+                "",
+                "Greedy removal's mask was a seed of this mask's search, so the two are not independent: "
+                "read no margin over greedy removal into this table.",
+            ]
     if out.timing:
         lines += ["", "| forward | context | full ms | slim ms | slim/full (median ratio) |", "|---|---|---|---|---|"]
         for t in out.timing:

@@ -31,18 +31,18 @@ from ..bench.frontier import (
     SweepConfig,
     build_points,
     comparison_table,
-    gated_point,
     frontier_plots,
+    gated_point,
     matched_comparison,
     points_table,
     summarize,
 )
 from ..bench.harness import BenchSettings, Harness, Method
 from ..bench.tasks import Prompt, Task
+from ..configs import load_routing
+from ..costs import CostModel, attention_share, load_profile, measure_cost_ratio, measure_pair
 from ..hardware import cpu_info
 from ..pipeline import build_decoder, encode_prompt, load_pair
-from ..costs import CostModel, attention_share, load_profile, measure_cost_ratio, measure_pair
-from ..configs import load_routing
 from . import entry_point, set_threads
 
 logger = logging.getLogger(__name__)
@@ -62,8 +62,10 @@ def read_records(out_dir: Path) -> list[dict]:
 def _subtitle(cfg: DictConfig, records: list[dict]) -> str:
     cpu = cpu_info().model
     threads = records[0].get("threads") if records else cfg.runtime.threads
-    return (f"{cfg.model_pair.name}, {cfg.runtime.dtype}, greedy; {cpu}, {threads} torch threads for every"
-            f" method; {len({(r['task'], r['prompt_id']) for r in records})} prompts, measured")
+    return (
+        f"{cfg.model_pair.name}, {cfg.runtime.dtype}, greedy; {cpu}, {threads} torch threads for every"
+        f" method; {len({(r['task'], r['prompt_id']) for r in records})} prompts, measured"
+    )
 
 
 def write_report(cfg: DictConfig, out_dir: Path, points) -> str:
@@ -73,12 +75,14 @@ def write_report(cfg: DictConfig, out_dir: Path, points) -> str:
         raise ValueError(f"no records in {out_dir}: run the frontier first (without report_only)")
     costs_path = out_dir / "slim_costs.json"
     slim_costs = json.loads(costs_path.read_text()) if costs_path.is_file() else {}
-    summaries = summarize(records, points, {k: v["ratio"] for k, v in slim_costs.items()},
-                          cfg.roles.full, cfg.roles.slim)
+    summaries = summarize(
+        records, points, {k: v["ratio"] for k, v in slim_costs.items()}, cfg.roles.full, cfg.roles.slim
+    )
     baseline = points[0].name
-    hosts = tuple(p.family for p in points[1:len(cfg.sweep.references)])  # VIA-SD's host, beside the cascades
-    comparisons = matched_comparison(summaries, baseline, cfg.min_agreement, cfg.tolerance_points,
-                                     rivals=(FASTER_CASCADES, CASCADE_SD) + hosts)
+    hosts = tuple(p.family for p in points[1 : len(cfg.sweep.references)])  # VIA-SD's host, beside the cascades
+    comparisons = matched_comparison(
+        summaries, baseline, cfg.min_agreement, cfg.tolerance_points, rivals=(FASTER_CASCADES, CASCADE_SD) + hosts
+    )
     tasks = sorted({r["task"] for r in records})
     text = [
         f"# Frontier: {cfg.model_pair.name}",
@@ -98,24 +102,43 @@ def write_report(cfg: DictConfig, out_dir: Path, points) -> str:
         "",
     ]
     if slim_costs:
-        text += ["## Slim forward cost, measured (interleaved medians, one verify block)", "",
-                 "| mask | tokens | full ms | slim ms | slim / full |", "|---|---|---|---|---|"]
-        text += [f"| {k} | {v['new_tokens']} | {v['full_ms']:.1f} | {v['slim_ms']:.1f} | {v['ratio']:.3f} |"
-                 for k, v in slim_costs.items()]
+        text += [
+            "## Slim forward cost, measured (interleaved medians, one verify block)",
+            "",
+            "| mask | tokens | full ms | slim ms | slim / full |",
+            "|---|---|---|---|---|",
+        ]
+        text += [
+            f"| {k} | {v['new_tokens']} | {v['full_ms']:.1f} | {v['slim_ms']:.1f} | {v['ratio']:.3f} |"
+            for k, v in slim_costs.items()
+        ]
         text.append("")
     profile_path = out_dir / "profile.json"
     if profile_path.is_file():
-        costs = costmodel.record_costs(load_profile(profile_path), cfg.model_pair.target.name, cfg.model_pair.draft.name,
-                                       cfg.profile.context)
+        costs = costmodel.record_costs(
+            load_profile(profile_path), cfg.model_pair.target.name, cfg.model_pair.draft.name, cfg.profile.context
+        )
         text += costmodel_section(records, points, costs, baseline)
     markdown = "\n".join(text)
     (out_dir / "frontier.md").write_text(markdown)
-    (out_dir / "frontier.json").write_text(json.dumps({
-        "points": [s.to_dict() for s in summaries],
-        "comparisons": [{"rival": c.rival, "via_sd": c.via_sd.name if c.via_sd else None,
-                         "other": c.other.name if c.other else None, "rejection_diff": c.rejection_diff,
-                         "speed_diff": c.speed_diff} for c in comparisons],
-    }, indent=1))
+    (out_dir / "frontier.json").write_text(
+        json.dumps(
+            {
+                "points": [s.to_dict() for s in summaries],
+                "comparisons": [
+                    {
+                        "rival": c.rival,
+                        "via_sd": c.via_sd.name if c.via_sd else None,
+                        "other": c.other.name if c.other else None,
+                        "rejection_diff": c.rejection_diff,
+                        "speed_diff": c.speed_diff,
+                    }
+                    for c in comparisons
+                ],
+            },
+            indent=1,
+        )
+    )
     frontier_plots(summaries, out_dir, _subtitle(cfg, records), baseline)
     return markdown
 
@@ -128,17 +151,26 @@ def costmodel_section(records, points, costs, baseline: str) -> list[str]:
     full = {p.name: p.full_layers for p in points if p.full_layers is not None and not p.verifier.get("gate")}
     predictions = costmodel.predict_records(records, costs, slim, baseline, full)
     measured = costs(records[0])
-    text = ["## Cost model: predicted against measured (this CPU)", "",
-            costmodel.validation_table(predictions, measured.device), ""]
+    text = [
+        "## Cost model: predicted against measured (this CPU)",
+        "",
+        costmodel.validation_table(predictions, measured.device),
+        "",
+    ]
     modelled = [CostModel.synthetic(measured.num_layers, ratio) for ratio in (0.05, 0.1)]
     table = costmodel.modelled_speedups(records, modelled, slim, baseline, full)
     names = list(dict.fromkeys(r["method"] for r in records))
-    text += ["## MODELLED, not measured: the same call counts on GPU-like cost ratios", "",
-             "Speedup vs AR predicted from each point's measured forward counts, on devices described"
-             " only by ratios: a draft step at 0.05 or 0.1 of a target step, a verify of a few tokens"
-             " costing one step, a slim step costing its share of the target's layers (90 % of a step"
-             " scales with depth).", "",
-             "| point | " + " | ".join(table) + " |", "|---|" + "---|" * len(table)]
+    text += [
+        "## MODELLED, not measured: the same call counts on GPU-like cost ratios",
+        "",
+        "Speedup vs AR predicted from each point's measured forward counts, on devices described"
+        " only by ratios: a draft step at 0.05 or 0.1 of a target step, a verify of a few tokens"
+        " costing one step, a slim step costing its share of the target's layers (90 % of a step"
+        " scales with depth).",
+        "",
+        "| point | " + " | ".join(table) + " |",
+        "|---|" + "---|" * len(table),
+    ]
     for name in names:
         text.append(f"| {name} | " + " | ".join(f"{table[d].get(name) or 0:.2f}" for d in table) + " |")
     text.append("")
@@ -155,14 +187,22 @@ def measure_costs(cfg: DictConfig, out_dir: Path, pair, routing: dict[str, DictC
         costs = {}
         for name, mask in masks.items():
             assert isinstance(mask, RoutingMask)
-            costs[name] = measure_cost_ratio(pair.target.model, mask, context_ids, int(cfg.profile.block_tokens),
-                                             repetitions=7).to_dict()
+            costs[name] = measure_cost_ratio(
+                pair.target.model, mask, context_ids, int(cfg.profile.block_tokens), repetitions=7
+            ).to_dict()
         costs_path.write_text(json.dumps(costs, indent=1))
     profile_path = out_dir / "profile.json"
     if not profile_path.is_file():
         shape = cfg.profile
-        profile = measure_pair(pair, list(masks.values()), [shape.context], list(shape.tokens), list(shape.prefill),
-                               shape.repetitions, list(shape.quantizations))
+        profile = measure_pair(
+            pair,
+            list(masks.values()),
+            [shape.context],
+            list(shape.tokens),
+            list(shape.prefill),
+            shape.repetitions,
+            list(shape.quantizations),
+        )
         profile.save(profile_path)
 
 
@@ -176,21 +216,30 @@ def calibrate_gates(cfg: DictConfig, out_dir: Path, pair, points) -> list:
     path = out_dir / "gates.json"
     gates = json.loads(path.read_text()) if path.is_file() else {}
     target = pair.target.spec
-    profile = CostModel.fit(load_profile(out_dir / "profile.json"), target.name, dtype=target.dtype, context=cfg.profile.context)
+    profile = CostModel.fit(
+        load_profile(out_dir / "profile.json"), target.name, dtype=target.dtype, context=cfg.profile.context
+    )
     share = attention_share(pair.target.model)
-    prompts = [encode_prompt(pair.target, text, cfg.chat_template)
-               for source in cfg.gate.prompts.sources
-               for _, text in select_prompts(PromptSource(**source), cfg.gate.prompts.split, cfg.gate.prompts.per_category)]
+    prompts = [
+        encode_prompt(pair.target, text, cfg.chat_template)
+        for source in cfg.gate.prompts.sources
+        for _, text in select_prompts(PromptSource(**source), cfg.gate.prompts.split, cfg.gate.prompts.per_category)
+    ]
     L = int(pair.target.model.config.num_hidden_layers)
     for point in points:
         if point.name not in gates:
             mask = instantiate(point.verifier.slim.mask, _convert_="all")
             assert isinstance(mask, RoutingMask)
-            expected = ExpectedCost(profile, share, block=int(cfg.profile.block_tokens) - 1,  # K drafts + 1
-                                    share_prefix=bool(point.verifier.get("share_prefix", False)))
+            expected = ExpectedCost(
+                profile,
+                share,
+                block=int(cfg.profile.block_tokens) - 1,  # K drafts + 1
+                share_prefix=bool(point.verifier.get("share_prefix", False)),
+            )
             slim_ratio, escalate_ratio = expected.ratios(mask, L)
-            choice = calibrate_gate(pair, point.framework, point.verifier, prompts, cfg.gate.max_new_tokens,
-                                    slim_ratio, escalate_ratio)
+            choice = calibrate_gate(
+                pair, point.framework, point.verifier, prompts, cfg.gate.max_new_tokens, slim_ratio, escalate_ratio
+            )
             gates[point.name] = asdict(choice) | {"slim_ratio": slim_ratio, "escalate_ratio": escalate_ratio}
             path.write_text(json.dumps(gates, indent=1))
     return [gated_point(p, gates[p.name]["min_confidence"]) for p in points]
@@ -201,9 +250,15 @@ def run(cfg: DictConfig) -> str:
     sweep: SweepConfig = instantiate(cfg.sweep, _convert_="all")
     routing = load_routing(sweep.masks)
 
-    settings = BenchSettings(repetitions=cfg.repetitions, warmup=0, chat_template=cfg.chat_template,
-                             baseline=sweep.references[0], host=sweep.references[1] if len(sweep.references) > 1
-                             else None, roles=OmegaConf.to_container(cfg.roles), progress=cfg.progress)
+    settings = BenchSettings(
+        repetitions=cfg.repetitions,
+        warmup=0,
+        chat_template=cfg.chat_template,
+        baseline=sweep.references[0],
+        host=sweep.references[1] if len(sweep.references) > 1 else None,
+        roles=OmegaConf.to_container(cfg.roles),
+        progress=cfg.progress,
+    )
     tasks = {key: instantiate(node, _convert_="all") for key, node in cfg.tasks.items()}
     only = list(cfg.only) if cfg.only else list(tasks)
     unknown = [k for k in only if k not in tasks]
@@ -224,17 +279,37 @@ def run(cfg: DictConfig) -> str:
     pending = {k: ids for k, ids in pending.items() if ids}
     if pending and cfg.measure_costs:
         first = tasks[next(iter(pending))]
-        shortest = min((encode_prompt(pair.target, p.text, cfg.chat_template) for p in first.prompts()),
-                       key=lambda x: x.shape[1])
+        shortest = min(
+            (encode_prompt(pair.target, p.text, cfg.chat_template) for p in first.prompts()), key=lambda x: x.shape[1]
+        )
         measure_costs(cfg, out_dir, pair, routing, shortest)
     if sweep.gated:
         points += calibrate_gates(cfg, out_dir, pair, [p for p in points if p.name in sweep.gated])
-    (out_dir / "points.json").write_text(json.dumps(
-        [{"name": p.name, "family": p.family, "kind": p.kind, "param": p.param, "mask": p.mask,
-          "slim_layers": p.slim_layers, "full_layers": p.full_layers} for p in points], indent=1))
+    (out_dir / "points.json").write_text(
+        json.dumps(
+            [
+                {
+                    "name": p.name,
+                    "family": p.family,
+                    "kind": p.kind,
+                    "param": p.param,
+                    "mask": p.mask,
+                    "slim_layers": p.slim_layers,
+                    "full_layers": p.full_layers,
+                }
+                for p in points
+            ],
+            indent=1,
+        )
+    )
     methods = [Method(p.name, build_decoder(p.framework, p.verifier, pair)) for p in points]
-    context = {"model_pair": cfg.model_pair.name, "dtype": cfg.runtime.dtype, "draft_dtype": cfg.runtime.draft_dtype,
-               "device": cfg.runtime.device, "cpu": cpu_info().model}
+    context = {
+        "model_pair": cfg.model_pair.name,
+        "dtype": cfg.runtime.dtype,
+        "draft_dtype": cfg.runtime.draft_dtype,
+        "device": cfg.runtime.device,
+        "cpu": cpu_info().model,
+    }
     budget = int(cfg.chunk_prompts) if cfg.chunk_prompts else None  # prompts this invocation may decode
     ran = {}
     for key, ids in pending.items():
@@ -243,21 +318,35 @@ def run(cfg: DictConfig) -> str:
         ids = ids[:budget] if budget is not None else ids
         task = _Subset(tasks[key], ids)
         if not ran:  # settle allocators and kernels for every point, untimed, once per process
-            shortest = min((encode_prompt(pair.target, p.text, cfg.chat_template) for p in task.prompts()),
-                           key=lambda x: x.shape[1])
+            shortest = min(
+                (encode_prompt(pair.target, p.text, cfg.chat_template) for p in task.prompts()),
+                key=lambda x: x.shape[1],
+            )
             for m in methods:
                 m.decoder.generate(shortest, int(cfg.warmup_tokens), sampling, pair.target.stop_token_ids)
         path = _records_path(out_dir, key)
         begin = time.perf_counter()
-        harness = Harness(methods, pair.target, task, sampling,
-                          BenchSettings(**{**asdict(settings), "max_new_tokens": task.max_new_tokens or 64}), context)
+        harness = Harness(
+            methods,
+            pair.target,
+            task,
+            sampling,
+            BenchSettings(**{**asdict(settings), "max_new_tokens": task.max_new_tokens or 64}),
+            context,
+        )
         with path.open("a", encoding="utf-8") as f:
             harness.run(lambda record: (f.write(json.dumps(record) + "\n"), f.flush()))
         ran[key] = ids
         budget = None if budget is None else budget - len(ids)
         logger.info("task %s: prompts %s, %.0f s", key, ids, time.perf_counter() - begin)
-    meta = {"cpu": cpu_info().model, "platform": platform.platform(), "torch_threads": torch.get_num_threads(),
-            "points": len(points), "tasks": list(tasks), "ran": ran}
+    meta = {
+        "cpu": cpu_info().model,
+        "platform": platform.platform(),
+        "torch_threads": torch.get_num_threads(),
+        "points": len(points),
+        "tasks": list(tasks),
+        "ran": ran,
+    }
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
     return write_report(cfg, out_dir, points)
 

@@ -1,8 +1,8 @@
 """`viasd-generate`: decode one prompt with the configured model pair, framework and verifier.
 
-    viasd-generate prompt="Write a haiku about caches."
-    viasd-generate prompt_file=question.txt framework=sd verifier=tiered    # any characters
-    echo "What is 2 + 2?" | viasd-generate prompt_file=-                     # stdin
+viasd-generate prompt="Write a haiku about caches."
+viasd-generate prompt_file=question.txt framework=sd verifier=tiered    # any characters
+echo "What is 2 + 2?" | viasd-generate prompt_file=-                     # stdin
 """
 
 from __future__ import annotations

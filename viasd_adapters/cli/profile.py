@@ -14,8 +14,16 @@ from omegaconf import DictConfig
 
 from ..api import build
 from ..costs import (
-    Choice, LatencyProfile, ProfileGrid, choose_configuration, default_profile_path, load_profile,
-    measure_profile, missing_points, split_variant, usable_threads,
+    Choice,
+    LatencyProfile,
+    ProfileGrid,
+    choose_configuration,
+    default_profile_path,
+    load_profile,
+    measure_profile,
+    missing_points,
+    split_variant,
+    usable_threads,
 )
 from ..decode import GenerationResult
 from ..decode.schedule import AdaptiveDraftLength
@@ -83,9 +91,11 @@ def decode_both(cfg: DictConfig, profile: LatencyProfile, choice: Choice) -> lis
         draft_dtype, quantization = split_variant(choice.draft_dtype)
         draft = load_model(instantiate(pair.draft, dtype=draft_dtype, device=device))
         schedule = AdaptiveDraftLength(
-            lambda threads: profile.draft_costs(pair.draft.name, pair.target.name, choice.dtype, choice.draft_dtype,
-                                                threads, cfg.context, cfg.k_max + 1),
-            k_max=cfg.k_max, prior_acceptance=choice.acceptance,
+            lambda threads: profile.draft_costs(
+                pair.draft.name, pair.target.name, choice.dtype, choice.draft_dtype, threads, cfg.context, cfg.k_max + 1
+            ),
+            k_max=cfg.k_max,
+            prior_acceptance=choice.acceptance,
         )
         label = f"SD (target {choice.dtype}, draft {choice.draft_dtype}, adaptive K from {choice.num_draft_tokens})"
         drafter = ModelDrafter(draft.model, quantize=quantization)  # the variant the profile priced
@@ -113,8 +123,15 @@ def run(cfg: DictConfig) -> ProfileOutcome:
     profile, measured = ensure_profile(grid, path, device, pair_loader(cfg.model_pair), cfg.remeasure, cfg.progress)
     threads = [cfg.runtime.threads] if cfg.runtime.threads else usable_threads(grid.threads, device)
     choice = choose_configuration(
-        profile, cfg.model_pair.draft.name, cfg.model_pair.target.name, cfg.acceptance, threads,
-        dtypes=grid.dtypes, draft_dtypes=grid.dtypes + grid.variants, k_max=cfg.k_max, context=cfg.context,
+        profile,
+        cfg.model_pair.draft.name,
+        cfg.model_pair.target.name,
+        cfg.acceptance,
+        threads,
+        dtypes=grid.dtypes,
+        draft_dtypes=grid.dtypes + grid.variants,
+        k_max=cfg.k_max,
+        context=cfg.context,
     )
     decoded = []
     if cfg.prompt:
@@ -141,14 +158,18 @@ def report(outcome: ProfileOutcome) -> str:
             s = d.result.stats
             same = "same tokens as greedy AR"
             if d.result.tokens != base.tokens:
-                first = next((i for i, (a, b) in enumerate(zip(d.result.tokens, base.tokens)) if a != b),
-                             min(len(d.result.tokens), len(base.tokens)))
+                first = next(
+                    (i for i, (a, b) in enumerate(zip(d.result.tokens, base.tokens)) if a != b),
+                    min(len(d.result.tokens), len(base.tokens)),
+                )
                 same = f"the same first {first} tokens as greedy AR, then they part"
                 if d.label.startswith("greedy AR"):
                     same += " (another precision of the target)"
                 elif outcome.choice.dtype == "bfloat16":
-                    same += (" (bfloat16: a multi-token verify rounds differently from a one-token step"
-                             " where two tokens nearly tie; with an fp32 or int8 target the tokens are identical)")
+                    same += (
+                        " (bfloat16: a multi-token verify rounds differently from a one-token step"
+                        " where two tokens nearly tie; with an fp32 or int8 target the tokens are identical)"
+                    )
             lines.append(
                 f"{d.label}: {s.tokens_per_second:.2f} tok/s, {s.tokens_per_second / base.stats.tokens_per_second:.2f}x"
                 f" greedy AR of the same target, {s.tokens_per_second / fastest_ar:.2f}x the fastest AR"

@@ -25,16 +25,15 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ..checks import check_config
-from ..models import load_model
 from ..configs import named_mask, result_option
-from . import check_prompt_sources, entry_point, set_threads
-from ..routing import RoutingMask
 from ..costs import CostModel, load_profile
+from ..models import load_model
+from ..routing import RoutingMask
 from ..search import (
     Baselines,
-    ExpectedCost,
     Budget,
     CalibrationConfig,
+    ExpectedCost,
     MaskSpace,
     SearchConfig,
     SearchResult,
@@ -45,6 +44,7 @@ from ..search import (
     sensitivity,
     write_report,
 )
+from . import check_prompt_sources, entry_point, set_threads
 
 logger = logging.getLogger(__name__)
 
@@ -69,19 +69,29 @@ def run(cfg: DictConfig) -> SearchOutput:
     search_cfg = SearchConfig(**OmegaConf.to_container(cfg.search.config, resolve=True))
     expected_cfg = cfg.search.get("expected")
     if search_cfg.cost == "expected" and not (expected_cfg and expected_cfg.get("profile")):
-        raise ValueError("search.config.cost=expected needs search.expected.profile=PATH (a latency profile of"
-                         " this device with the target and slim views: viasd-costmodel mode=profile)")
+        raise ValueError(
+            "search.config.cost=expected needs search.expected.profile=PATH (a latency profile of"
+            " this device with the target and slim views: viasd-costmodel mode=profile)"
+        )
     target = cfg.model_pair.target
-    profile = (CostModel.fit(load_profile(expected_cfg.profile), target.name, dtype=target.dtype)
-               if search_cfg.cost == "expected" else None)
+    profile = (
+        CostModel.fit(load_profile(expected_cfg.profile), target.name, dtype=target.dtype)
+        if search_cfg.cost == "expected"
+        else None
+    )
     known = _known_seeds(list(cfg.search.seeds))  # a missing mask fails before the model loads
     loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))
     expected = None
     if profile is not None:
         fields = {k: v for k, v in OmegaConf.to_container(expected_cfg, resolve=True).items() if k != "profile"}
         expected = ExpectedCost(profile, attention_share(loaded.model), **fields)
-    calibrated = prepare_target(loaded, CalibrationConfig(**OmegaConf.to_container(cfg.calibration, resolve=True)),
-                                cfg.cache_dir, cfg.progress, expected)
+    calibrated = prepare_target(
+        loaded,
+        CalibrationConfig(**OmegaConf.to_container(cfg.calibration, resolve=True)),
+        cfg.cache_dir,
+        cfg.progress,
+        expected,
+    )
     L, model = calibrated.num_layers, calibrated.model_name
     budget = Budget(**OmegaConf.to_container(cfg.search.budget, resolve=True))
     share = attention_share(loaded.model)
@@ -102,8 +112,9 @@ def run(cfg: DictConfig) -> SearchOutput:
     baseline_seconds = time.perf_counter() - begin
 
     out_dir = Path(cfg.out_dir)
-    result = run_search(objective, space, search_cfg, out_dir / "trials.pkl", [m for _, m in seeds],
-                        progress=cfg.progress)
+    result = run_search(
+        objective, space, search_cfg, out_dir / "trials.pkl", [m for _, m in seeds], progress=cfg.progress
+    )
     best = result.best
     evaluation_seconds = sum(t.metrics.seconds for t in _unique(result.trials))
     provenance = {
@@ -113,22 +124,32 @@ def run(cfg: DictConfig) -> SearchOutput:
         "budget": {"unit": budget.unit, "amount": budget.amount},
         "budget_text": budget.describe(),
         "cost": search_cfg.cost,
-        "expected_cost": None if expected is None else {
-            "settled": round(best.metrics.settled, 4), "wrong": round(best.metrics.wrong, 4),
-            "block_cost": round(best.metrics.block_cost, 4), "expected": round(best.metrics.expected, 4),
-            "profile": profile.device, "tau_accept": expected.tau_accept, "tau_slim": expected.tau_slim,
-            "block": expected.block, "max_wrong": expected.max_wrong, "penalty": expected.penalty,
-            "share_prefix": expected.share_prefix},
+        "expected_cost": None
+        if expected is None
+        else {
+            "settled": round(best.metrics.settled, 4),
+            "wrong": round(best.metrics.wrong, 4),
+            "block_cost": round(best.metrics.block_cost, 4),
+            "expected": round(best.metrics.expected, 4),
+            "profile": profile.device,
+            "tau_accept": expected.tau_accept,
+            "tau_slim": expected.tau_slim,
+            "block": expected.block,
+            "max_wrong": expected.max_wrong,
+            "penalty": expected.penalty,
+            "share_prefix": expected.share_prefix,
+        },
         "kl": round(best.metrics.kl, 5),
         "top1": round(best.metrics.top1, 4),
         "skipped_cost_layers": round(space.cost_of(best.mask), 3),
         "candidates": None if candidates is None else [f"{kind}{i}" for kind, i in candidates],
-        "candidates_text": None if candidates is None else
-        f"{len(candidates)} {'least sensitive' if isinstance(given, int) else 'given'}: "
+        "candidates_text": None
+        if candidates is None
+        else f"{len(candidates)} {'least sensitive' if isinstance(given, int) else 'given'}: "
         + ", ".join(f"{kind[0]}{i}" for kind, i in sorted(candidates, key=lambda b: b[1])),
         "calibration": calibrated.calibration.description | {"scored_positions": calibrated.calibration.num_scored},
         "calibration_text": f"{calibrated.calibration.description['split']} split, "
-                            f"{len(calibrated.calibration.texts)} texts, {calibrated.calibration.num_scored} scored positions",
+        f"{len(calibrated.calibration.texts)} texts, {calibrated.calibration.num_scored} scored positions",
         "trials": {p: len(result.of_phase(p)) for p in ("seed", "random", "tpe")},
         # greedy among them: the found mask cannot be worse than greedy removal on this text
         "seeds": [kind for kind, _ in seeds],
@@ -144,24 +165,37 @@ def run(cfg: DictConfig) -> SearchOutput:
         "versions": {p: importlib.metadata.version(p) for p in ("torch", "transformers", "hyperopt")},
         "threads": torch.get_num_threads(),
         "command": " ".join(["viasd-search", *sys.argv[1:]])
-        if sys.argv and Path(sys.argv[0]).name in ("viasd-search", "search.py") else None,  # console script or -m
+        if sys.argv and Path(sys.argv[0]).name in ("viasd-search", "search.py")
+        else None,  # console script or -m
     }
     greedy = baselines.greedy_at(len(best.mask.skip_layers)) if best.mask.is_layer_mask else None
     if greedy is not None:
-        provenance["greedy"] = {"skip_layers": list(greedy.mask.skip_layers), "kl": round(greedy.metrics.kl, 5),
-                                "top1": round(greedy.metrics.top1, 4)}
+        provenance["greedy"] = {
+            "skip_layers": list(greedy.mask.skip_layers),
+            "kl": round(greedy.metrics.kl, 5),
+            "top1": round(greedy.metrics.top1, 4),
+        }
     random = result.of_phase("random")
     if random:
         from ..search.report import random_summary
 
         s = random_summary([t.metrics for t in random])
-        provenance["random_median"] = {"count": s["count"], "kl": round(s["kl"]["median"], 5),
-                                       "top1": round(s["top1"]["median"], 4)}
-    mask = RoutingMask(*best.mask.skips, num_layers=L, model=model,
-                       provenance={k: v for k, v in provenance.items() if not k.endswith("_text") and v is not None})
-    header = (f"Routing mask for {model}: {mask.describe()} ({budget.describe()} of {L} layers), found by "
-              f"viasd-search.\nOn its calibration text: KL(q||u) {best.metrics.kl:.4f}, top-1 agreement "
-              f"{best.metrics.top1:.3f}.")
+        provenance["random_median"] = {
+            "count": s["count"],
+            "kl": round(s["kl"]["median"], 5),
+            "top1": round(s["top1"]["median"], 4),
+        }
+    mask = RoutingMask(
+        *best.mask.skips,
+        num_layers=L,
+        model=model,
+        provenance={k: v for k, v in provenance.items() if not k.endswith("_text") and v is not None},
+    )
+    header = (
+        f"Routing mask for {model}: {mask.describe()} ({budget.describe()} of {L} layers), found by "
+        f"viasd-search.\nOn its calibration text: KL(q||u) {best.metrics.kl:.4f}, top-1 agreement "
+        f"{best.metrics.top1:.3f}."
+    )
     mask_path = mask.to_yaml(out_dir / "mask.yaml", header)
     report_path = write_report(out_dir, mask, result, baselines, provenance)
     routing_dir = Path(cfg.routing_dir or Path(cfg.user_config_dir) / "routing").expanduser()
@@ -182,7 +216,7 @@ def mask_name(cfg: DictConfig) -> str:
 
 
 def _block(label: str) -> tuple[str, int]:
-    """"layer12" / "attention3" / "mlp7" -> (kind, index), as search.candidates lists them."""
+    """ "layer12" / "attention3" / "mlp7" -> (kind, index), as search.candidates lists them."""
     import re
 
     match = re.fullmatch(r"(layer|attention|mlp)(\d+)", label)
@@ -231,8 +265,9 @@ def _known_seeds(kinds: list[str]) -> dict[str, RoutingMask]:
     return known
 
 
-def _seed_masks(kinds: list[str], known: dict[str, RoutingMask], space: MaskSpace, baselines: Baselines,
-                cost: str) -> list[tuple[str, RoutingMask]]:
+def _seed_masks(
+    kinds: list[str], known: dict[str, RoutingMask], space: MaskSpace, baselines: Baselines, cost: str
+) -> list[tuple[str, RoutingMask]]:
     """(kind, mask) of the known masks the search evaluates first: "sensitivity" (the least sensitive
     blocks), "greedy" (greedy removal's mask of the budget, when greedy removal ran that far) and
     "routing:<name>" (`known`: e.g. the mask a KL search found, to compare under another cost)."""
@@ -243,8 +278,11 @@ def _seed_masks(kinds: list[str], known: dict[str, RoutingMask], space: MaskSpac
                 raise ValueError('seed "sensitivity" needs search.baselines.sensitivity=true')
             scores = {}
             for label, (block, i) in zip(space.labels(), space.blocks):
-                table = {"layer": baselines.sensitivity.layer, "attention": baselines.sensitivity.attention,
-                         "mlp": baselines.sensitivity.mlp}[block]
+                table = {
+                    "layer": baselines.sensitivity.layer,
+                    "attention": baselines.sensitivity.attention,
+                    "mlp": baselines.sensitivity.mlp,
+                }[block]
                 scores[label] = -table[i].cost(ranking_cost(cost))  # the least sensitive blocks score highest
             seeds.append((kind, space.decode(scores)))
         elif kind == "greedy":

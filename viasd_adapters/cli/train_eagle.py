@@ -1,8 +1,8 @@
 """`viasd-train-eagle`: train an EAGLE draft head for the model pair's target (or export one).
 
-    viasd-train-eagle model_pair=smollm2-135m ship=true
-    viasd-train-eagle model_pair=qwen2.5-coder-0.5b-1.5b training=sharegpt stop_after=features  # features only
-    viasd-train-eagle export.head=smollm2-135m-instruct export.out=/tmp/eagle-head
+viasd-train-eagle model_pair=smollm2-135m ship=true
+viasd-train-eagle model_pair=qwen2.5-coder-0.5b-1.5b training=sharegpt stop_after=features  # features only
+viasd-train-eagle export.head=smollm2-135m-instruct export.out=/tmp/eagle-head
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ def run(cfg: DictConfig):
     from ..train.eagle import train_eagle_head
 
     self_distill = cfg.training.get("corpus", {}).get("self_distill", True)
-    if self_distill and cfg.training.split.get("spec_bench") and cfg.training.split.get("prompts") is None:  # fail now, naming the key
+    if (
+        self_distill and cfg.training.split.get("spec_bench") and cfg.training.split.get("prompts") is None
+    ):  # fail now, naming the key
         from ..bench.tasks import read_prompts_file
 
         read_prompts_file(cfg.training.split.spec_bench, "training.split.spec_bench")
@@ -42,8 +44,9 @@ def run(cfg: DictConfig):
     spec.compile = False
     loaded = load_model(spec)
     training = instantiate(cfg.training, _convert_="all")
-    result = train_eagle_head(loaded, training, cfg.out_dir, progress=cfg.progress, resume=cfg.resume,
-                              stop_after=cfg.get("stop_after"))
+    result = train_eagle_head(
+        loaded, training, cfg.out_dir, progress=cfg.progress, resume=cfg.resume, stop_after=cfg.get("stop_after")
+    )
     if not result.steps:
         return result
     logger.info("head written to %s (%d steps, held-out top-1 %.3f)", result.out_dir, result.steps, result.eval_top1)

@@ -10,14 +10,24 @@
 """
 
 from .auto import (
-    DRAFTER_QUANTIZATIONS, ProfiledDrafter, adaptive_draft_length, chosen_draft_variant, profiled_draft_length,
+    DRAFTER_QUANTIZATIONS,
+    ProfiledDrafter,
+    adaptive_draft_length,
+    chosen_draft_variant,
+    profiled_draft_length,
 )
 from .breakeven import settled_share_needed, slim_ratio_needed
 from .choice import Choice, choose_configuration
 from .measure import ProfileGrid, measure_pair, measure_profile, missing_points, usable_threads
 from .model import ROLES, CostModel, Line, attention_share, fit_line
 from .profile import (
-    FORMAT, LatencyEntry, LatencyProfile, default_profile_path, load_profile, profile_dir, split_variant,
+    FORMAT,
+    LatencyEntry,
+    LatencyProfile,
+    default_profile_path,
+    load_profile,
+    profile_dir,
+    split_variant,
 )
 from .timing import CostRatio, measure_cost_ratio, time_forwards
 

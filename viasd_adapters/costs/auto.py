@@ -37,7 +37,7 @@ def adaptive_draft_length(
     k_max = kwargs.get("k_max", 8)
     try:
         profile = load_profile(profile_path, device)
-        costs = lambda threads: profile.draft_costs(draft, target, dtype, draft_dtype, threads, context, k_max + 1)  # noqa: E731
+        costs = lambda threads: profile.draft_costs(draft, target, dtype, draft_dtype, threads, context, k_max + 1)
         costs(torch.get_num_threads())  # a missing entry fails here, before any decoding
     except (FileNotFoundError, KeyError) as error:
         if fallback_costs is None or profile_path is not None:
@@ -47,9 +47,17 @@ def adaptive_draft_length(
     return AdaptiveDraftLength(costs, **kwargs)
 
 
-def chosen_draft_variant(draft: str, target: str, dtype: str, draft_dtype: str, device: str = "cpu",
-                         profile_path: str | None = None, acceptance: float = 0.6, k_max: int = 8,
-                         context: int = 256) -> str:
+def chosen_draft_variant(
+    draft: str,
+    target: str,
+    dtype: str,
+    draft_dtype: str,
+    device: str = "cpu",
+    profile_path: str | None = None,
+    acceptance: float = 0.6,
+    k_max: int = 8,
+    context: int = 256,
+) -> str:
     """The drafter the latency profile chooses for this target precision at this thread count:
     `draft_dtype` or one of its quantised variants. Where no drafting pays (the choice is AR), the
     cheapest draft, which `profiled_draft_length` then leaves idle (K = 0) until acceptance rises."""
@@ -58,13 +66,19 @@ def chosen_draft_variant(draft: str, target: str, dtype: str, draft_dtype: str, 
     except FileNotFoundError as error:
         raise FileNotFoundError(f"method=auto runs what this machine's latency profile chooses: {error}") from error
     threads = torch.get_num_threads()
-    variants = [v for v in (draft_dtype, *(f"{draft_dtype}+{q}" for q in DRAFTER_QUANTIZATIONS))
-                if profile.has(draft, v, threads)]
+    variants = [
+        v
+        for v in (draft_dtype, *(f"{draft_dtype}+{q}" for q in DRAFTER_QUANTIZATIONS))
+        if profile.has(draft, v, threads)
+    ]
     if not variants:
-        raise KeyError(f"the latency profile has no entry for the draft {draft} in {draft_dtype} at {threads}"
-                       " thread(s): run viasd-profile for this pair")
-    choice = choose_configuration(profile, draft, target, acceptance, threads, dtypes=[dtype],
-                                  draft_dtypes=variants, k_max=k_max, context=context)
+        raise KeyError(
+            f"the latency profile has no entry for the draft {draft} in {draft_dtype} at {threads}"
+            " thread(s): run viasd-profile for this pair"
+        )
+    choice = choose_configuration(
+        profile, draft, target, acceptance, threads, dtypes=[dtype], draft_dtypes=variants, k_max=k_max, context=context
+    )
     if choice.framework == "sd":
         return choice.draft_dtype
     return min(variants, key=lambda v: profile.ms(draft, v, threads, 1, context))
@@ -73,16 +87,34 @@ def chosen_draft_variant(draft: str, target: str, dtype: str, draft_dtype: str, 
 class ProfiledDrafter(ModelDrafter):
     """A `ModelDrafter` of `model` running the variant `chosen_draft_variant` picks."""
 
-    def __init__(self, model, draft: str, target: str, dtype: str, draft_dtype: str, device: str = "cpu",
-                 profile_path: str | None = None, **drafter_settings):
+    def __init__(
+        self,
+        model,
+        draft: str,
+        target: str,
+        dtype: str,
+        draft_dtype: str,
+        device: str = "cpu",
+        profile_path: str | None = None,
+        **drafter_settings,
+    ):
         variant = chosen_draft_variant(draft, target, dtype, draft_dtype, device, profile_path)
         super().__init__(model, quantize=split_variant(variant)[1], **drafter_settings)
 
 
-def profiled_draft_length(draft: str, target: str, dtype: str, draft_dtype: str, device: str = "cpu",
-                          profile_path: str | None = None, k_min: int = 0, **schedule_settings) -> AdaptiveDraftLength:
+def profiled_draft_length(
+    draft: str,
+    target: str,
+    dtype: str,
+    draft_dtype: str,
+    device: str = "cpu",
+    profile_path: str | None = None,
+    k_min: int = 0,
+    **schedule_settings,
+) -> AdaptiveDraftLength:
     """`AdaptiveDraftLength` on the chosen drafter's costs; K may be 0 (a greedy AR step) where
     no block pays at the acceptance observed."""
     variant = chosen_draft_variant(draft, target, dtype, draft_dtype, device, profile_path)
-    return adaptive_draft_length(draft, target, dtype, variant, profile_path=profile_path, device=device,
-                                 k_min=k_min, **schedule_settings)
+    return adaptive_draft_length(
+        draft, target, dtype, variant, profile_path=profile_path, device=device, k_min=k_min, **schedule_settings
+    )

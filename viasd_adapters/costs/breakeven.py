@@ -11,8 +11,9 @@ with c a draft step, s a slim forward and e an escalation, each relative to one 
 from __future__ import annotations
 
 
-def settled_share_needed(draft_ratio: float, block: int, slim_ratio: float, escalate_ratio: float,
-                         gain: float = 1.10) -> float | None:
+def settled_share_needed(
+    draft_ratio: float, block: int, slim_ratio: float, escalate_ratio: float, gain: float = 1.10
+) -> float | None:
     """Share of verify blocks the slim tier must settle for VIA-SD to run `gain` x its host (SD):
     settled >= 1 - ((K c + 1) / gain - K c - s) / e. None: out of reach even when every block
     settles (the slim pass alone costs too much next to the draft).
@@ -28,8 +29,9 @@ def settled_share_needed(draft_ratio: float, block: int, slim_ratio: float, esca
     return max(0.0, 1.0 - budget / escalate_ratio)
 
 
-def slim_ratio_needed(draft_ratio: float, block: int, settled: float, escalate_ratio: float,
-                      gain: float = 1.10) -> float | None:
+def slim_ratio_needed(
+    draft_ratio: float, block: int, settled: float, escalate_ratio: float, gain: float = 1.10
+) -> float | None:
     """The most a slim forward may cost (/ a full verify) for VIA-SD to run `gain` x its host, when
     the slim tier settles `settled` of the blocks: the same round costs as `settled_share_needed`,
     solved for s = (K c + 1) / gain - K c - (1 - settled) e. None: out of reach even with a free

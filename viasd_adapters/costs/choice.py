@@ -4,8 +4,8 @@ profile and an assumed per-token acceptance (Leviathan's S(a, K), `decode.schedu
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from ..decode.schedule import best_draft_length, expected_speedup
 from .profile import LatencyProfile
@@ -36,8 +36,17 @@ class Choice:
         )
 
 
-def _options_at(profile: LatencyProfile, draft: str, target: str, acceptance: float, threads: int,
-                dtypes: list[str], draft_dtypes: list[str], k_max: int, context: int) -> list[Choice]:
+def _options_at(
+    profile: LatencyProfile,
+    draft: str,
+    target: str,
+    acceptance: float,
+    threads: int,
+    dtypes: list[str],
+    draft_dtypes: list[str],
+    k_max: int,
+    context: int,
+) -> list[Choice]:
     """Every (target dtype, AR or SD with each draft dtype at its best K) the profile prices at `threads`."""
     targets = [d for d in dtypes if profile.has(target, d, threads)]
     drafts = [d for d in draft_dtypes if profile.has(draft, d, threads)]
@@ -50,13 +59,27 @@ def _options_at(profile: LatencyProfile, draft: str, target: str, acceptance: fl
     fastest_ar = ar_speeds[fastest_dtype]
     options = []
     for dtype, ar in ar_speeds.items():
-        options.append(Choice("ar", dtype, None, 0, ar / fastest_ar, ar, fastest_ar, threads, acceptance, fastest_dtype))
+        options.append(
+            Choice("ar", dtype, None, 0, ar / fastest_ar, ar, fastest_ar, threads, acceptance, fastest_dtype)
+        )
         for draft_dtype in drafts:
             costs = profile.draft_costs(draft, target, dtype, draft_dtype, threads, context, k_max + 1)
             k = best_draft_length(acceptance, costs, k_max)
             speed = expected_speedup(acceptance, k, costs) * ar
-            options.append(Choice("sd", dtype, draft_dtype, k, speed / fastest_ar, speed, fastest_ar, threads,
-                                  acceptance, fastest_dtype))
+            options.append(
+                Choice(
+                    "sd",
+                    dtype,
+                    draft_dtype,
+                    k,
+                    speed / fastest_ar,
+                    speed,
+                    fastest_ar,
+                    threads,
+                    acceptance,
+                    fastest_dtype,
+                )
+            )
     return options
 
 

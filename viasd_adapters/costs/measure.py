@@ -7,8 +7,8 @@ import datetime
 import logging
 import os
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -46,20 +46,32 @@ class ProfileGrid:
         if not self.models and not self.variant_models:
             raise ValueError("name at least one model to profile (models=[...])")
         if bool(self.variants) != bool(self.variant_models):
-            raise ValueError("variants and variant_models go together: name the quantised variants and the models"
-                             " measured in them, or neither")
+            raise ValueError(
+                "variants and variant_models go together: name the quantised variants and the models"
+                " measured in them, or neither"
+            )
         for variant in self.variants:
             quantization = split_variant(variant)[1]
             if quantization not in QUANTIZATIONS:
-                raise ValueError(f"variant {variant!r} is not <dtype>+<quantization> with a quantization of"
-                                 f" {sorted(QUANTIZATIONS)}, e.g. bfloat16+int8-weight")
+                raise ValueError(
+                    f"variant {variant!r} is not <dtype>+<quantization> with a quantization of"
+                    f" {sorted(QUANTIZATIONS)}, e.g. bfloat16+int8-weight"
+                )
         for name in ("dtypes", "threads", "new_tokens", "contexts"):
             if not getattr(self, name):
                 raise ValueError(f"{name} must not be empty")
-        if min(self.new_tokens + self.prefill) < 1 or min(self.threads) < 1 or min(self.contexts) < 0 or self.repeats < 1:
+        if (
+            min(self.new_tokens + self.prefill) < 1
+            or min(self.threads) < 1
+            or min(self.contexts) < 0
+            or self.repeats < 1
+        ):
             raise ValueError("new_tokens, prefill and threads must be >= 1, contexts >= 0, repeats >= 1")
         self.models, self.dtypes = list(dict.fromkeys(self.models)), list(dict.fromkeys(self.dtypes))
-        self.variants, self.variant_models = list(dict.fromkeys(self.variants)), list(dict.fromkeys(self.variant_models))
+        self.variants, self.variant_models = (
+            list(dict.fromkeys(self.variants)),
+            list(dict.fromkeys(self.variant_models)),
+        )
         self.threads = sorted({int(t) for t in self.threads})
         self.new_tokens = sorted({int(n) for n in self.new_tokens})
         self.contexts = sorted({int(c) for c in self.contexts})
@@ -67,8 +79,9 @@ class ProfileGrid:
 
     def combinations(self) -> list[tuple[str, str]]:
         """(model, dtype or variant) pairs, each loaded once."""
-        return ([(m, d) for m in self.models for d in self.dtypes]
-                + [(m, v) for m in self.variant_models for v in self.variants])
+        return [(m, d) for m in self.models for d in self.dtypes] + [
+            (m, v) for m in self.variant_models for v in self.variants
+        ]
 
     @property
     def points(self) -> int:
@@ -104,12 +117,18 @@ def measure_profile(
     load_start = os.getloadavg()[0]
     threads = usable_threads(grid.threads, device)
     if threads != grid.threads:
-        logger.warning("profiling threads %s of %s: this machine has %d cores", threads, grid.threads, cpu_info().logical_cores)
+        logger.warning(
+            "profiling threads %s of %s: this machine has %d cores", threads, grid.threads, cpu_info().logical_cores
+        )
     entries, layers = [], {}
     # (context, counts, whether slim views are timed too): prefill is priced on the whole model only
     shapes = [(c, grid.new_tokens, True) for c in grid.contexts] + ([(0, grid.prefill, False)] if grid.prefill else [])
-    bar = tqdm(total=len(grid.combinations()) * len(threads) * len(shapes),
-               desc="latency profile", unit="point", disable=not progress)
+    bar = tqdm(
+        total=len(grid.combinations()) * len(threads) * len(shapes),
+        desc="latency profile",
+        unit="point",
+        disable=not progress,
+    )
     try:
         for name, dtype in grid.combinations():
             load_dtype, quantization = split_variant(dtype)
@@ -123,9 +142,13 @@ def measure_profile(
                 torch.set_num_threads(t)
                 for context, counts, slim in shapes:
                     bar.set_postfix_str(f"{name} {dtype} {t}t ctx {context}")
-                    for key, row in time_forwards(views if slim else {None: model}, context, counts, grid.repeats).items():
-                        entries += [LatencyEntry(name, dtype, t, context, n, statistics.median(ms), min(ms), len(ms), key)
-                                    for n, ms in row.items()]
+                    for key, row in time_forwards(
+                        views if slim else {None: model}, context, counts, grid.repeats
+                    ).items():
+                        entries += [
+                            LatencyEntry(name, dtype, t, context, n, statistics.median(ms), min(ms), len(ms), key)
+                            for n, ms in row.items()
+                        ]
                     bar.update()
             del model, views
     finally:
@@ -136,7 +159,7 @@ def measure_profile(
         hardware=device_label(device),
         cpu=cpu_info().to_dict(),
         torch_version=torch.__version__,
-        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         entries=entries,
         loadavg_1m=[load_start, os.getloadavg()[0]],
         model_layers=layers,
@@ -147,8 +170,10 @@ def _check_window(model: torch.nn.Module, name: str, grid: ProfileGrid) -> None:
     window = int(model.config.max_position_embeddings)
     longest = max(max(grid.contexts) + max(grid.new_tokens), max(grid.prefill, default=0))
     if longest > window:
-        raise ValueError(f"the grid's longest forward ({longest} tokens: contexts + new_tokens, or prefill) does not"
-                         f" fit {name}'s window of {window} tokens")
+        raise ValueError(
+            f"the grid's longest forward ({longest} tokens: contexts + new_tokens, or prefill) does not"
+            f" fit {name}'s window of {window} tokens"
+        )
 
 
 def _slim_views(model: torch.nn.Module, masks) -> dict[float, torch.nn.Module]:
@@ -159,8 +184,16 @@ def _slim_views(model: torch.nn.Module, masks) -> dict[float, torch.nn.Module]:
     return {float(L - mask.skipped_cost(share)): SlimModel(model, mask) for mask in masks}
 
 
-def measure_pair(pair, masks: list[RoutingMask], contexts: list[int], new_tokens: list[int], prefill: list[int],
-                 repeats: int, quantizations: list[str] = (), progress: bool = False) -> LatencyProfile:
+def measure_pair(
+    pair,
+    masks: list[RoutingMask],
+    contexts: list[int],
+    new_tokens: list[int],
+    prefill: list[int],
+    repeats: int,
+    quantizations: list[str] = (),
+    progress: bool = False,
+) -> LatencyProfile:
     """The profile a cost model needs of a loaded pair (`pipeline.ModelPair`), at this process's
     torch threads: the target whole and as the slim view of each mask, the draft in its dtype and
     in each of `quantizations` (the variants its drafter may run, e.g. "int8-weight")."""
@@ -169,11 +202,24 @@ def measure_pair(pair, masks: list[RoutingMask], contexts: list[int], new_tokens
     for name, m in loaded.items():
         is_draft = pair.draft is not None and name == pair.draft.spec.name
         variants = [f"{m.spec.dtype}+{q}" for q in quantizations] if is_draft else []
-        grid = ProfileGrid(models=[name], dtypes=[m.spec.dtype], variants=variants,
-                           variant_models=[name] if variants else [], threads=[torch.get_num_threads()],
-                           new_tokens=new_tokens, contexts=contexts, prefill=prefill, repeats=repeats)
-        fresh = measure_profile(grid, m.spec.device, lambda *_, model=m.model: model, progress,
-                                {name: masks} if name == pair.target.spec.name else None)
+        grid = ProfileGrid(
+            models=[name],
+            dtypes=[m.spec.dtype],
+            variants=variants,
+            variant_models=[name] if variants else [],
+            threads=[torch.get_num_threads()],
+            new_tokens=new_tokens,
+            contexts=contexts,
+            prefill=prefill,
+            repeats=repeats,
+        )
+        fresh = measure_profile(
+            grid,
+            m.spec.device,
+            lambda *_, model=m.model: model,
+            progress,
+            {name: masks} if name == pair.target.spec.name else None,
+        )
         profile = fresh if profile is None else profile.merge(fresh)
     return profile
 
@@ -198,6 +244,9 @@ def missing_points(profile: LatencyProfile | None, grid: ProfileGrid, device: st
         dtypes=sorted({d for _, d in plain}, key=grid.dtypes.index) or grid.dtypes,
         variants=sorted({d for _, d in variants}, key=grid.variants.index),
         variant_models=sorted({m for m, _ in variants}, key=grid.variant_models.index),
-        threads=grid.threads, new_tokens=grid.new_tokens, contexts=grid.contexts, prefill=grid.prefill,
+        threads=grid.threads,
+        new_tokens=grid.new_tokens,
+        contexts=grid.contexts,
+        prefill=grid.prefill,
         repeats=grid.repeats,
     )

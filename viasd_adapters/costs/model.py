@@ -79,8 +79,10 @@ def _fit_role(found: list[LatencyEntry], depth, context: int, model: str, varian
     """(decode line, prefill line or None) of one model's entries; `depth(entry)` -> layers it ran."""
     cached = [e for e in found if e.context > 0]
     if not cached:
-        raise KeyError(f"the latency profile has only prefill entries for {model} in {variant}: measure"
-                       " decode-sized forwards after a cached context (contexts > 0)")
+        raise KeyError(
+            f"the latency profile has only prefill entries for {model} in {variant}: measure"
+            " decode-sized forwards after a cached context (contexts > 0)"
+        )
     small = at_context(cached, context)
     decode = fit_line([(e.new_tokens, depth(e), e.ms) for e in small], with_layers=len({depth(e) for e in small}) > 1)
     whole = [e for e in found if e.context == 0 and e.layers is None]
@@ -101,8 +103,16 @@ class CostModel:
     facts: dict = field(default_factory=dict)  # dtypes, threads, torch version, date
 
     @classmethod
-    def fit(cls, profile: LatencyProfile, target: str, draft: str | None = None, dtype: str = "bfloat16",
-            draft_dtype: str | None = None, threads: int | None = None, context: int = 256) -> CostModel:
+    def fit(
+        cls,
+        profile: LatencyProfile,
+        target: str,
+        draft: str | None = None,
+        dtype: str = "bfloat16",
+        draft_dtype: str | None = None,
+        threads: int | None = None,
+        context: int = 256,
+    ) -> CostModel:
         """The cost model of `target` in `dtype` and `draft` in `draft_dtype` (default: `dtype`;
         a quantised variant is its own line), fitted on `profile`'s entries at `threads`
         (default: torch's): decode lines on the measured context nearest to `context`, prefill
@@ -110,8 +120,10 @@ class CostModel:
         fewer than two)."""
         threads = threads or torch.get_num_threads()
         if target not in profile.model_layers:
-            raise ValueError(f"the latency profile has no layer count for {target} (measured before the cost model"
-                             " used one): run viasd-profile remeasure=true, or viasd-costmodel mode=profile")
+            raise ValueError(
+                f"the latency profile has no layer count for {target} (measured before the cost model"
+                " used one): run viasd-profile remeasure=true, or viasd-costmodel mode=profile"
+            )
         L = profile.model_layers[target]
         decode, prefill = {}, {}
         for role, model, variant in (("target", target, dtype), ("draft", draft, draft_dtype or dtype)):
@@ -125,8 +137,13 @@ class CostModel:
                 prompt = Line(a=decode[role].per_call(layers), c=decode[role].per_token(layers))
             prefill[role] = prompt
         label = f"{profile.hardware or profile.device}, {threads} torch thread{'s' if threads > 1 else ''}"
-        facts = {"dtype": dtype, "draft_dtype": draft_dtype or dtype, "threads": threads,
-                 "torch": profile.torch_version, "created": profile.created}
+        facts = {
+            "dtype": dtype,
+            "draft_dtype": draft_dtype or dtype,
+            "threads": threads,
+            "torch": profile.torch_version,
+            "created": profile.created,
+        }
         return cls(label, L, decode, prefill, False, facts)
 
     def _priced_as(self, role: str, slim: float | str | None, full: float | None = None) -> tuple[str, float]:
@@ -143,8 +160,9 @@ class CostModel:
             return role, float(self.num_layers if full is None else full)
         return role, 0.0
 
-    def forward_ms(self, role: str, tokens: int, slim: float | str | None = None, first: bool = False,
-                   full: float | None = None) -> float:
+    def forward_ms(
+        self, role: str, tokens: int, slim: float | str | None = None, first: bool = False, full: float | None = None
+    ) -> float:
         """ms of one forward of `tokens` new tokens (`first`: the generation's prefill)."""
         line, layers = self._priced_as(role, slim, full)
         if line not in self.decode:
@@ -154,8 +172,13 @@ class CostModel:
             return scale * self.prefill[line].ms(tokens)
         return self.decode[line].ms(tokens, layers)
 
-    def seconds(self, model_calls: dict[str, dict], prompt_tokens: int, slim: float | str | None = None,
-                full: float | None = None) -> float:
+    def seconds(
+        self,
+        model_calls: dict[str, dict],
+        prompt_tokens: int,
+        slim: float | str | None = None,
+        full: float | None = None,
+    ) -> float:
         """Predicted wall seconds of a generation from its `model_calls` ({role: {calls, tokens}}):
         `(calls - 1) * ms(0, l) + (tokens - prompt) * slope(l) + prefill(prompt, l)` per role.
         `slim`: layers the slim verifier runs; `full`: layers a target forward runs (escalations
@@ -173,8 +196,14 @@ class CostModel:
         return total_ms / 1e3
 
     @classmethod
-    def synthetic(cls, num_layers: int, draft_ratio: float, per_layer_share: float = 0.9,
-                  verify_token_ratio: float = 0.0, name: str | None = None) -> CostModel:
+    def synthetic(
+        cls,
+        num_layers: int,
+        draft_ratio: float,
+        per_layer_share: float = 0.9,
+        verify_token_ratio: float = 0.0,
+        name: str | None = None,
+    ) -> CostModel:
         """A modelled device, in units of one target decode step (1.0).
 
         Args:
@@ -185,15 +214,23 @@ class CostModel:
                 a GPU for a few tokens: a verify of K tokens costs one step).
         """
         if draft_ratio <= 0 or not 0 <= per_layer_share <= 1:
-            raise ValueError(f"need draft_ratio > 0 and 0 <= per_layer_share <= 1, got {draft_ratio}, {per_layer_share}")
+            raise ValueError(
+                f"need draft_ratio > 0 and 0 <= per_layer_share <= 1, got {draft_ratio}, {per_layer_share}"
+            )
         b = per_layer_share / num_layers
         a = 1.0 - per_layer_share
         target = Line(a=a, b=b, c=verify_token_ratio * a, d=verify_token_ratio * b)
         draft = Line(a=draft_ratio, c=verify_token_ratio * draft_ratio)
-        label = name or (f"modelled: draft {draft_ratio:g} of a target step, verify of K tokens "
-                         f"{'= one step' if verify_token_ratio == 0 else f'+{verify_token_ratio:g} per token'}")
+        label = name or (
+            f"modelled: draft {draft_ratio:g} of a target step, verify of K tokens "
+            f"{'= one step' if verify_token_ratio == 0 else f'+{verify_token_ratio:g} per token'}"
+        )
         # Units of "ms" are target steps here; prefill priced as a step (GPU prefill of a short prompt).
-        return cls(label, num_layers, {"target": target, "draft": draft},
-                   {"target": Line(a=1.0), "draft": Line(a=draft_ratio)}, True,
-                   {"draft_ratio": draft_ratio, "per_layer_share": per_layer_share,
-                    "verify_token_ratio": verify_token_ratio})
+        return cls(
+            label,
+            num_layers,
+            {"target": target, "draft": draft},
+            {"target": Line(a=1.0), "draft": Line(a=draft_ratio)},
+            True,
+            {"draft_ratio": draft_ratio, "per_layer_share": per_layer_share, "verify_token_ratio": verify_token_ratio},
+        )

@@ -105,19 +105,30 @@ class LatencyProfile:
         except KeyError:
             return False
 
-    def ms(self, model: str, dtype: str, threads: int, new_tokens: int, context: int = 256, layers: float | None = None) -> float:
+    def ms(
+        self, model: str, dtype: str, threads: int, new_tokens: int, context: int = 256, layers: float | None = None
+    ) -> float:
         """Milliseconds of one forward: the measured context nearest to `context`, linear in
         `new_tokens` between measured counts (extended by the last step beyond them)."""
         found = [e for e in self.entries_of(model, dtype, threads) if e.layers == layers]
         if not found:
-            raise KeyError(f"the latency profile has no entry for {model} in {dtype} at {threads} thread(s) running"
-                           f" {'all' if layers is None else f'{layers:g}'} layers: measure it with viasd-profile (whole models)"
-                           " or viasd-costmodel mode=profile (slim views)")
+            raise KeyError(
+                f"the latency profile has no entry for {model} in {dtype} at {threads} thread(s) running"
+                f" {'all' if layers is None else f'{layers:g}'} layers: measure it with viasd-profile (whole models)"
+                " or viasd-costmodel mode=profile (slim views)"
+            )
         points = sorted((e.new_tokens, e.ms) for e in at_context(found, context))
         return _interpolate(points, new_tokens)
 
     def draft_costs(
-        self, draft: str, target: str, dtype: str, draft_dtype: str, threads: int | None = None, context: int = 256, max_tokens: int = 17
+        self,
+        draft: str,
+        target: str,
+        dtype: str,
+        draft_dtype: str,
+        threads: int | None = None,
+        context: int = 256,
+        max_tokens: int = 17,
     ) -> DraftCosts:
         """c and v(n) (n = 1..max_tokens) of a pair, in units of the target's single-token step."""
         threads = threads or torch.get_num_threads()
@@ -131,9 +142,16 @@ class LatencyProfile:
         """This profile with `other`'s entries added; `other` wins where both measured a key."""
         entries = {e.key: e for e in self.entries}
         entries.update({e.key: e for e in other.entries})
-        return LatencyProfile(other.device, other.hardware, other.cpu, other.torch_version, other.created,
-                              list(entries.values()), loadavg_1m=self.loadavg_1m + other.loadavg_1m,
-                              model_layers={**self.model_layers, **other.model_layers})
+        return LatencyProfile(
+            other.device,
+            other.hardware,
+            other.cpu,
+            other.torch_version,
+            other.created,
+            list(entries.values()),
+            loadavg_1m=self.loadavg_1m + other.loadavg_1m,
+            model_layers={**self.model_layers, **other.model_layers},
+        )
 
     # -- files ------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -185,12 +203,20 @@ def load_profile(path: str | Path | None = None, device: str = "cpu") -> Latency
         )
     data = json.loads(path.read_text())
     if "entries" not in data:  # e.g. the fitted lines an older viasd-costmodel wrote
-        raise ValueError(f"{path} holds no measured entries (an older profile format): measure it again with"
-                         " viasd-profile, or viasd-costmodel mode=profile")
+        raise ValueError(
+            f"{path} holds no measured entries (an older profile format): measure it again with"
+            " viasd-profile, or viasd-costmodel mode=profile"
+        )
     profile = LatencyProfile.from_dict(data)
     if profile.format != FORMAT:
-        raise ValueError(f"{path} has profile format {profile.format}, this version reads {FORMAT}: run viasd-profile again")
+        raise ValueError(
+            f"{path} has profile format {profile.format}, this version reads {FORMAT}: run viasd-profile again"
+        )
     if profile.torch_version != torch.__version__:
-        logger.warning("%s was measured with torch %s, this is %s: run viasd-profile again if kernels changed",
-                       path, profile.torch_version, torch.__version__)
+        logger.warning(
+            "%s was measured with torch %s, this is %s: run viasd-profile again if kernels changed",
+            path,
+            profile.torch_version,
+            torch.__version__,
+        )
     return profile

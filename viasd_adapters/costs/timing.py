@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 from transformers import PreTrainedModel
@@ -22,8 +22,9 @@ from ..runner import CausalLMRunner
 
 
 @torch.no_grad()
-def time_forwards(models: dict, context: int | torch.Tensor, new_tokens: Iterable[int], repeats: int,
-                  seed: int = 0, warmup: int = 1) -> dict[object, dict[int, list[float]]]:
+def time_forwards(
+    models: dict, context: int | torch.Tensor, new_tokens: Iterable[int], repeats: int, seed: int = 0, warmup: int = 1
+) -> dict[object, dict[int, list[float]]]:
     """Milliseconds of each of `repeats` forwards per count in `new_tokens`, after a cached
     context, for each of `models` ({key: causal LM}, slim views too), as {key: {count: ms}}.
 
@@ -78,15 +79,23 @@ class CostRatio:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in self.__dict__.items()}
 
 
-def measure_cost_ratio(target: PreTrainedModel, mask: RoutingMask, context_ids: torch.Tensor, new_tokens: int,
-                       repetitions: int = 15, warmup: int = 2) -> CostRatio:
+def measure_cost_ratio(
+    target: PreTrainedModel,
+    mask: RoutingMask,
+    context_ids: torch.Tensor,
+    new_tokens: int,
+    repetitions: int = 15,
+    warmup: int = 2,
+) -> CostRatio:
     """Time slim and full forwards of `new_tokens` tokens after `context_ids` ([1, C]), interleaved:
     each repetition rolls both caches back to the context and feeds the same tokens, and the
     order of slim and full alternates between repetitions."""
     B, C = context_ids.shape
-    times = time_forwards({"full": target, "slim": SlimModel(target, mask)}, context_ids, [new_tokens], repetitions,
-                          warmup=warmup)
+    times = time_forwards(
+        {"full": target, "slim": SlimModel(target, mask)}, context_ids, [new_tokens], repetitions, warmup=warmup
+    )
     full, slim = times["full"][new_tokens], times["slim"][new_tokens]
     ratios = [s / f for s, f in zip(slim, full)]
-    return CostRatio(new_tokens, C, statistics.median(full), statistics.median(slim), statistics.median(ratios),
-                     repetitions)
+    return CostRatio(
+        new_tokens, C, statistics.median(full), statistics.median(slim), statistics.median(ratios), repetitions
+    )

@@ -3,4 +3,11 @@
 from .loops import AutoregressiveDecoder, CommittedSequence, Decoder, GenerationResult, SpeculativeDecoder
 from .stats import DecodeStats
 
-__all__ = ["AutoregressiveDecoder", "CommittedSequence", "DecodeStats", "Decoder", "GenerationResult", "SpeculativeDecoder"]
+__all__ = [
+    "AutoregressiveDecoder",
+    "CommittedSequence",
+    "DecodeStats",
+    "Decoder",
+    "GenerationResult",
+    "SpeculativeDecoder",
+]

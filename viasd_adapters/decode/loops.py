@@ -13,10 +13,10 @@ from transformers.generation.streamers import BaseStreamer
 
 from ..draft.base import Drafter
 from ..hardware import synchronize
-from ..verify.base import Verifier
-from ..verify.policy import Tier
 from ..runner import CausalLMRunner
 from ..sampling import Sampler, SamplingConfig
+from ..verify.base import Verifier
+from ..verify.policy import Tier
 from .schedule import DraftLength, FixedDraftLength
 from .stats import DecodeStats
 
@@ -33,8 +33,14 @@ class CommittedSequence:
     """The prompt and the tokens committed after it, the budget, and the two ways a generation
     ends (stop token, budget); every decoder commits through it, so all end and stream alike."""
 
-    def __init__(self, input_ids: torch.Tensor, max_new_tokens: int, stop_token_ids, context_length: int,
-                 streamer: BaseStreamer | None = None):
+    def __init__(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        stop_token_ids,
+        context_length: int,
+        streamer: BaseStreamer | None = None,
+    ):
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, tokens], got shape {tuple(input_ids.shape)}")
         B, T = input_ids.shape
@@ -44,15 +50,17 @@ class CommittedSequence:
             raise ValueError("the prompt is empty: give at least one token")
         if T >= context_length:
             raise ValueError(
-                f"the prompt has {T} tokens but the model's context window is {context_length}:"
-                " shorten the prompt"
+                f"the prompt has {T} tokens but the model's context window is {context_length}: shorten the prompt"
             )
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if T + max_new_tokens > context_length:
             logger.warning(
-                "prompt (%d) + max_new_tokens (%d) exceeds the context window (%d); "
-                "generating at most %d tokens", T, max_new_tokens, context_length, context_length - T,
+                "prompt (%d) + max_new_tokens (%d) exceeds the context window (%d); generating at most %d tokens",
+                T,
+                max_new_tokens,
+                context_length,
+                context_length - T,
             )
             max_new_tokens = context_length - T
         self.ids = input_ids
@@ -192,8 +200,12 @@ class SpeculativeDecoder(Decoder):
             committed.commit(verdict.tokens)
             # 4. the next round's K learns from this one
             self.draft_length.update(verdict.num_drafted, verdict.num_accepted)
-            stats.add_round(verdict.num_drafted, verdict.num_accepted, verdict.tier_counts,
-                            settled=verdict.last_tier != Tier.ESCALATE)
+            stats.add_round(
+                verdict.num_drafted,
+                verdict.num_accepted,
+                verdict.tier_counts,
+                settled=verdict.last_tier != Tier.ESCALATE,
+            )
         synchronize(input_ids.device)
         stats.seconds = time.perf_counter() - begin
         stats.new_tokens = len(committed.new_tokens)

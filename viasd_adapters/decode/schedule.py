@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -94,7 +94,7 @@ class DraftLength(ABC):
     def next(self) -> int:
         """K for the next round (>= 0)."""
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def update(self, drafted: int, accepted: int) -> None:  # noqa: B027 (a fixed K ignores outcomes)
         """A round judged `drafted` draft tokens and kept the first `accepted` of them."""
 
 

@@ -52,7 +52,6 @@ from ..verify.tree import DraftTree, TreeAcceptance, TreeJudge, TreeVerdict
 try:
     from eagle.model import choices as eagle_choices
     from eagle.model.ea_model import EaModel
-    from eagle.model.utils_c import generate_tree_buffers as head_tree_buffers
     from eagle.model.utils import (
         evaluate_posterior,
         generate_candidates,
@@ -62,6 +61,7 @@ try:
         reset_tree_mode,
         update_inference_inputs,
     )
+    from eagle.model.utils_c import generate_tree_buffers as head_tree_buffers
 
     from ..third_party import eagle as third_party_eagle
     from ..third_party.eagle import (
@@ -126,8 +126,16 @@ class EagleJudge(TreeJudge):
     [lagging tokens + tree] into its KV buffers, `evaluate_posterior` (greedy match or EAGLE's tree
     rejection sampling) and `update_inference_inputs` (compaction, the head's next tree)."""
 
-    def __init__(self, owner: TieredEagle, g: _Generation, buffers: dict, candidates, cart_probs, tree_candidates,
-                 logits_processor):
+    def __init__(
+        self,
+        owner: TieredEagle,
+        g: _Generation,
+        buffers: dict,
+        candidates,
+        cart_probs,
+        tree_candidates,
+        logits_processor,
+    ):
         self.owner, self.g, self.buffers = owner, g, buffers
         self.candidates = candidates  # [P, D + 1] the tokens along each path; -1 pads
         self.cart_probs = cart_probs  # [P, D + 1] the head's probabilities along each path (sampling)
@@ -154,8 +162,15 @@ class EagleJudge(TreeJudge):
         logits = orig[0, lag:][buffers["retrieve_indices_head"]]  # [P, D + 1, V]
         stats["target"].add(ids.shape[1], time.perf_counter() - begin)
         best, accept_length, sample_p = evaluate_posterior(
-            logits, self.candidates, self.logits_processor, self.cart_probs, g.head_out[2], buffers["p_indices"],
-            self.tree_candidates, buffers["b_indices"])
+            logits,
+            self.candidates,
+            self.logits_processor,
+            self.cart_probs,
+            g.head_out[2],
+            buffers["p_indices"],
+            self.tree_candidates,
+            buffers["b_indices"],
+        )
         accept_length = int(accept_length)
         if lag:  # the head re-reads the lagging positions with the full model's features
             rewind_head(ea.ea_layer, start)
@@ -164,8 +179,22 @@ class EagleJudge(TreeJudge):
             assert head_length(ea.ea_layer) == S
         begin = time.perf_counter()
         g.ids, g.head_out, _, _, root = update_inference_inputs(
-            g.ids, self.candidates, best, accept_length, buffers["retrieve_indices"], self.logits_processor, logits,
-            g.head_out, 0, [g.full.data], g.full.lengths, ea, None, hidden[:, lag:], sample_p)
+            g.ids,
+            self.candidates,
+            best,
+            accept_length,
+            buffers["retrieve_indices"],
+            self.logits_processor,
+            logits,
+            g.head_out,
+            0,
+            [g.full.data],
+            g.full.lengths,
+            ea,
+            None,
+            hidden[:, lag:],
+            sample_p,
+        )
         stats["eagle_head"].add(accept_length + 1, time.perf_counter() - begin)
         g.root = root.reshape(1, 1).to(g.ids.device)
         path = buffers["retrieve_indices"][best, 1 : accept_length + 1] - 1  # node n is draft n - 1
@@ -181,8 +210,13 @@ def _tree_from_name(tree) -> list:
 
 
 # ----------------------------------------------------------------------------- the upgrade
-def tiers_verifier(ea_model: EaModel, routing: RoutingMask | str | Path | None, policy: TierPolicy | None,
-                   max_unverified: int = 16, rejudge: bool = True) -> Verifier:
+def tiers_verifier(
+    ea_model: EaModel,
+    routing: RoutingMask | str | Path | None,
+    policy: TierPolicy | None,
+    max_unverified: int = 16,
+    rejudge: bool = True,
+) -> Verifier:
     """The verifier of `TieredEagle`'s Python arguments: `LosslessVerifier` (stock EAGLE) without a
     policy, else a `TieredVerifier` whose slim verifier is the target routed by `routing`."""
     from ..api import routing_mask, verifier_for
@@ -197,7 +231,8 @@ def tiers_verifier(ea_model: EaModel, routing: RoutingMask | str | Path | None, 
         raise ValueError(
             f"the slim tier runs the target's transformers layers; this EaModel's base is eagle-llm's own"
             f" {type(base).__name__}: load it with viasd_adapters.third_party.eagle.load_ea_model(...,"
-            " backend='transformers') for the tiers")
+            " backend='transformers') for the tiers"
+        )
     return verifier_for(target, routing_mask(routing), policy, max_unverified, rejudge)
 
 
@@ -217,9 +252,16 @@ class TieredEagle(nn.Module):
             full LM head, as stock EAGLE.
     """
 
-    def __init__(self, ea_model: EaModel, routing: RoutingMask | str | Path | None = None,
-                 policy: TierPolicy | None = None, max_unverified: int = 16, rejudge: bool = True,
-                 draft_vocabulary: DraftVocabulary | str | Path | None = None, verifier: Verifier | None = None):
+    def __init__(
+        self,
+        ea_model: EaModel,
+        routing: RoutingMask | str | Path | None = None,
+        policy: TierPolicy | None = None,
+        max_unverified: int = 16,
+        rejudge: bool = True,
+        draft_vocabulary: DraftVocabulary | str | Path | None = None,
+        verifier: Verifier | None = None,
+    ):
         super().__init__()
         if not isinstance(ea_model, EaModel):
             raise TypeError(f"TieredEagle wraps an eagle-llm EaModel, got {type(ea_model).__name__}")
@@ -267,13 +309,20 @@ class TieredEagle(nn.Module):
 
     # ------------------------------------------------------------------ stock-compatible API
     @torch.no_grad()
-    def eagenerate(self, input_ids, temperature=0.0, top_p=0.0, top_k=0.0, max_new_tokens=512, max_length=2048,
-                   tree_choices=eagle_choices.mc_sim_7b_63):
+    def eagenerate(
+        self,
+        input_ids,
+        temperature=0.0,
+        top_p=0.0,
+        top_k=0.0,
+        max_new_tokens=512,
+        max_length=2048,
+        tree_choices=eagle_choices.mc_sim_7b_63,
+    ):
         """`EaModel.eagenerate`'s signature, stop rules and return value ([1, T + new] ids)."""
         sampling = None
         if temperature > 1e-5:
-            sampling = SamplingConfig(temperature=temperature, top_p=top_p if 0 < top_p <= 1 else 1.0,
-                                      top_k=int(top_k))
+            sampling = SamplingConfig(temperature=temperature, top_p=top_p if 0 < top_p <= 1 else 1.0, top_k=int(top_k))
         input_len = input_ids.shape[1]
         eos = self.ea.tokenizer.eos_token_id
         budget = max(1, min(max_new_tokens + 1, max_length - input_len + 1))
@@ -281,15 +330,19 @@ class TieredEagle(nn.Module):
         with contextlib.closing(self._generate(input_ids, sampling, budget, tree_choices)) as states:
             for state in states:
                 ids = state.ids
-                if eos in ids[0, input_len:].tolist() or ids.shape[1] - input_len > max_new_tokens \
-                        or ids.shape[1] > max_length:
+                if (
+                    eos in ids[0, input_len:].tolist()
+                    or ids.shape[1] - input_len > max_new_tokens
+                    or ids.shape[1] > max_length
+                ):
                     break
         return ids
 
     # ------------------------------------------------------------------ project API
     @torch.no_grad()
-    def rounds(self, input_ids: torch.Tensor, sampling: SamplingConfig | None, max_new_tokens: int,
-               tree_choices="mc_sim_7b_63") -> Iterator[Verdict]:
+    def rounds(
+        self, input_ids: torch.Tensor, sampling: SamplingConfig | None, max_new_tokens: int, tree_choices="mc_sim_7b_63"
+    ) -> Iterator[Verdict]:
         """Round by round verdicts for `input_ids` ([1, T]); the caller stops when it has enough.
 
         The prefill is round 0: one token, nothing drafted. `max_new_tokens` sizes the KV buffers
@@ -323,8 +376,9 @@ class TieredEagle(nn.Module):
         N, D = buffers["tree_indices"].numel(), buffers["retrieve_indices"].shape[1] - 1
         logits_processor = None
         if sampling is not None and not sampling.greedy:
-            logits_processor = prepare_logits_processor(temperature=sampling.temperature, top_p=sampling.top_p,
-                                                        top_k=sampling.top_k)
+            logits_processor = prepare_logits_processor(
+                temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k
+            )
         sampler = Sampler(sampling or SamplingConfig(), device)
         config = base.config
         lag = getattr(self.verifier, "max_unverified", 0)  # the most the full model can fall behind
@@ -338,8 +392,9 @@ class TieredEagle(nn.Module):
             self.ea.ea_layer.reset_kv()
             reset_tree_mode(self.ea)
             begin = time.perf_counter()
-            head_out, _, _, root = initialize_tree(input_ids, self.ea, buffers["tree_attn_mask"], g_full.caches,
-                                                   logits_processor)
+            head_out, _, _, root = initialize_tree(
+                input_ids, self.ea, buffers["tree_attn_mask"], g_full.caches, logits_processor
+            )
             self._stats["target"].add(T, time.perf_counter() - begin)
             g = _Generation(input_ids.clone(), root.reshape(1, 1).to(input_ids.device), head_out, g_full)
             g.last = Verdict(g.root[0], 0, 0, {Tier.ESCALATE: 1})
@@ -351,7 +406,8 @@ class TieredEagle(nn.Module):
     def _round(self, g: _Generation, buffers, sampler: Sampler, logits_processor) -> TreeVerdict:
         # 1. draft: the head's tree
         candidates, cart_probs, tree_candidates = generate_candidates(
-            g.head_out, buffers["tree_indices"], buffers["retrieve_indices"], g.root, logits_processor)
+            g.head_out, buffers["tree_indices"], buffers["retrieve_indices"], g.root, logits_processor
+        )
         tree = draft_tree(tree_candidates, buffers["parents"])
         judge = EagleJudge(self, g, buffers, candidates, cart_probs, tree_candidates, logits_processor)
         # 2. verify: the verifier's tiers, the judge (eagle-llm's) where the full model decides
@@ -372,8 +428,11 @@ class TieredEagle(nn.Module):
         g.root = tokens[:, -1:]
         begin = time.perf_counter()
         g.head_out = self.ea.ea_layer.topK_genrate(
-            verdict.features[:, : tokens.shape[1]], input_ids=g.committed, head=self.ea.base_model.lm_head,
-            logits_processor=logits_processor)
+            verdict.features[:, : tokens.shape[1]],
+            input_ids=g.committed,
+            head=self.ea.base_model.lm_head,
+            logits_processor=logits_processor,
+        )
         self._stats["eagle_head"].add(tokens.shape[1], time.perf_counter() - begin)
 
 
@@ -422,11 +481,20 @@ class EagleDecoder(Decoder):
     growth, eagle-llm's `topK_genrate`, inside the commit).
     """
 
-    def __init__(self, target: PreTrainedModel | None = None, head: str | Path | None = None,
-                 ea_model: EaModel | None = None, verifier: Verifier | None = None,
-                 routing: RoutingMask | str | Path | None = None, policy: TierPolicy | None = None,
-                 max_unverified: int = 16, rejudge: bool = True, tree: str | list = "mc_sim_7b_63",
-                 tokenizer_path: str | Path | None = None, vocabulary: DraftVocabulary | str | Path | None = None):
+    def __init__(
+        self,
+        target: PreTrainedModel | None = None,
+        head: str | Path | None = None,
+        ea_model: EaModel | None = None,
+        verifier: Verifier | None = None,
+        routing: RoutingMask | str | Path | None = None,
+        policy: TierPolicy | None = None,
+        max_unverified: int = 16,
+        rejudge: bool = True,
+        tree: str | list = "mc_sim_7b_63",
+        tokenizer_path: str | Path | None = None,
+        vocabulary: DraftVocabulary | str | Path | None = None,
+    ):
         if ea_model is None and (target is None or head is None):
             raise ValueError("EagleDecoder needs ea_model=, or target= and head= (an EAGLE head folder)")
         if verifier is not None:  # before the head loads
@@ -459,8 +527,12 @@ class EagleDecoder(Decoder):
         with _global_rng(sampling) if sampled else contextlib.nullcontext(), rounds as verdicts:
             for verdict in verdicts:
                 if verdict.num_drafted:
-                    stats.add_round(verdict.num_drafted, verdict.num_accepted, verdict.tier_counts,
-                                    settled=verdict.last_tier != Tier.ESCALATE)
+                    stats.add_round(
+                        verdict.num_drafted,
+                        verdict.num_accepted,
+                        verdict.tier_counts,
+                        settled=verdict.last_tier != Tier.ESCALATE,
+                    )
                 else:  # the prefill's token: counted by tier, not a round
                     stats.tier_counts.update(verdict.tier_counts)
                 committed.commit(verdict.tokens)

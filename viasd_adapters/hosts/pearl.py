@@ -20,10 +20,9 @@ from ..decode.stats import DecodeStats
 from ..draft.base import DraftBlock, Drafter
 from ..runner import CallStats
 from ..sampling import Sampler, SamplingConfig
-from ..verify.base import Verdict, Verifier
-
 from ..third_party.pearl.engine import PearlConfig, PearlEngine
 from ..third_party.pearl.protocol import Judgement
+from ..verify.base import Verdict, Verifier
 
 logger = logging.getLogger(__name__)
 
@@ -185,4 +184,3 @@ class PearlDecoder(Decoder):
     def close(self) -> None:
         """Stop the draft worker (the next `generate` starts a new one)."""
         self.engine.close()
-

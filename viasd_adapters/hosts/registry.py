@@ -32,7 +32,9 @@ class HostSpec:
     decoder: str | type
     parts: tuple[str, ...]  # keyword arguments its decoder gets from the pair: of PARTS
     verifiers: tuple[str, ...] | None = None  # verifier kinds it runs (`compat.verifier_kind`); None: any
-    fixed: Mapping[str, Any] = field(default_factory=dict)  # verifier settings it cannot honour, with the one value it takes
+    fixed: Mapping[str, Any] = field(
+        default_factory=dict
+    )  # verifier settings it cannot honour, with the one value it takes
     runs: str = ""  # the verifiers it runs, as a refusal says them (with `verifiers`)
     streams: bool = True  # its decoder feeds a transformers streamer every commit
     trees: bool = False  # it hands draft trees to `Verifier.verify_tree` (its verifier must implement it)
@@ -82,8 +84,9 @@ class HostSpec:
             return instantiate(decoder, **parts)
         return self.decoder_class()(**parts, **options)
 
-    def check_capabilities(self, *, sampled: bool = False, int8: bool = False, streamed: bool = False,
-                           said: str | None = None) -> None:
+    def check_capabilities(
+        self, *, sampled: bool = False, int8: bool = False, streamed: bool = False, said: str | None = None
+    ) -> None:
         """Raise ValueError, naming the fix, when a run asks for what this host cannot do.
 
         Args:
@@ -96,8 +99,9 @@ class HostSpec:
         if sampled and not self.sampling:
             raise ValueError(f"{said} decodes greedily only: set the temperature to 0 (do_sample=False)")
         if int8 and not self.int8:
-            raise ValueError(f"{said} does not run an int8 target: load the target as bfloat16 or float32"
-                             " (runtime.dtype=bfloat16)")
+            raise ValueError(
+                f"{said} does not run an int8 target: load the target as bfloat16 or float32 (runtime.dtype=bfloat16)"
+            )
         if streamed and not self.streams:
             raise ValueError(f"{said} does not stream its commits: drop the streamer (progress=false)")
 
@@ -132,8 +136,9 @@ class HostRegistry(Mapping[str, HostSpec]):
     def host(self, key: str) -> HostSpec:
         """The host registered as `key` (ValueError listing the keys)."""
         if key not in self._hosts:
-            raise ValueError(f"framework {key!r} is not one of {tuple(self._hosts)}: register a HostSpec for it"
-                             " (docs/extending.md)")
+            raise ValueError(
+                f"framework {key!r} is not one of {tuple(self._hosts)}: register a HostSpec for it (docs/extending.md)"
+            )
         return self._hosts[key]
 
     def for_decoder(self, cls: type) -> HostSpec:
@@ -159,19 +164,28 @@ def _sd_label(decoder) -> str:
     return {PromptLookupDrafter: "prompt-lookup SD", CascadeDrafter: "Cascade SD"}.get(type(decoder.drafter), "SD")
 
 
-HOSTS = HostRegistry([
-    # AR verifies nothing: the `verifier` group's default (full) is left unused, anything else refused
-    HostSpec("ar", "AR", "viasd_adapters.decode.AutoregressiveDecoder", ("target",), verifiers=("full",)),
-    HostSpec("sd", "SD", "viasd_adapters.decode.SpeculativeDecoder", ("drafter", "verifier"), label=_sd_label),
-    HostSpec("pearl", "PEARL", "viasd_adapters.hosts.pearl.PearlDecoder", ("drafter", "verifier")),
-    # EAGLE drafts with its own head; its tree goes to the verifier (`verify_tree`), whose slim pass is
-    # a routed view of the target. eagle-llm's own forward is the full model's judge, so no layers
-    # are shared with it (share_prefix), and its head hands out no draft distributions a gate could read.
-    HostSpec(
-        "eagle", "EAGLE", "viasd_adapters.hosts.eagle.EagleDecoder", ("target", "verifier"),
-        verifiers=("full", "tiered"), fixed={"share_prefix": False, "gate": None}, trees=True,
-        runs="verifier=full (stock EAGLE) or verifier=tiered (VIA-SD on a routed view of the target's own layers)"),
-    # A speed anchor, not a host: llama.cpp decodes the target's GGUF itself (the target's own dtype is unused)
-    HostSpec("llama-cpp", "llama.cpp", "viasd_adapters.bench.llama_cpp.LlamaCppDecoder", ("target",),
-             verifiers=("full",)),
-])
+HOSTS = HostRegistry(
+    [
+        # AR verifies nothing: the `verifier` group's default (full) is left unused, anything else refused
+        HostSpec("ar", "AR", "viasd_adapters.decode.AutoregressiveDecoder", ("target",), verifiers=("full",)),
+        HostSpec("sd", "SD", "viasd_adapters.decode.SpeculativeDecoder", ("drafter", "verifier"), label=_sd_label),
+        HostSpec("pearl", "PEARL", "viasd_adapters.hosts.pearl.PearlDecoder", ("drafter", "verifier")),
+        # EAGLE drafts with its own head; its tree goes to the verifier (`verify_tree`), whose slim pass is
+        # a routed view of the target. eagle-llm's own forward is the full model's judge, so no layers
+        # are shared with it (share_prefix), and its head hands out no draft distributions a gate could read.
+        HostSpec(
+            "eagle",
+            "EAGLE",
+            "viasd_adapters.hosts.eagle.EagleDecoder",
+            ("target", "verifier"),
+            verifiers=("full", "tiered"),
+            fixed={"share_prefix": False, "gate": None},
+            trees=True,
+            runs="verifier=full (stock EAGLE) or verifier=tiered (VIA-SD on a routed view of the target's own layers)",
+        ),
+        # A speed anchor, not a host: llama.cpp decodes the target's GGUF itself (the target's own dtype is unused)
+        HostSpec(
+            "llama-cpp", "llama.cpp", "viasd_adapters.bench.llama_cpp.LlamaCppDecoder", ("target",), verifiers=("full",)
+        ),
+    ]
+)

@@ -34,8 +34,8 @@ from transformers.generation import (
     TopPLogitsWarper,
 )
 
-from ..decode import DecodeStats
 from .. import api
+from ..decode import DecodeStats
 
 # The folder to pass as `custom_generate="..."`: it holds `custom_generate/generate.py`, the layout
 # transformers loads from a Hub repository or a local path.
@@ -95,7 +95,15 @@ def generate(
     """
     viasd = api.build(model, draft, routing=routing, policy=policy, framework=framework, **(viasd_options or {}))
     try:
-        return viasd(model, input_ids, logits_processor, stopping_criteria, generation_config, seed=seed,
-                     generator=generator, **model_kwargs)
+        return viasd(
+            model,
+            input_ids,
+            logits_processor,
+            stopping_criteria,
+            generation_config,
+            seed=seed,
+            generator=generator,
+            **model_kwargs,
+        )
     finally:
         viasd.close()

@@ -38,8 +38,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch._library.opaque_object import get_opaque_type_name, register_opaque_type
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+from torch._library.opaque_object import get_opaque_type_name, register_opaque_type
 from torch._opaque_base import OpaqueBase
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
@@ -136,8 +136,12 @@ def _projection(module: torch.nn.Module) -> tuple:
 
 def _layer_weights(layer: torch.nn.Module) -> dict:
     attn, mlp = layer.self_attn, layer.mlp
-    weights = {"ln1": layer.input_layernorm.weight, "ln2": layer.post_attention_layernorm.weight,
-               "o": _projection(attn.o_proj), "down": _projection(mlp.down_proj)}
+    weights = {
+        "ln1": layer.input_layernorm.weight,
+        "ln2": layer.post_attention_layernorm.weight,
+        "o": _projection(attn.o_proj),
+        "down": _projection(mlp.down_proj),
+    }
     if isinstance(attn.q_proj, Int8Projection) and attn.q_proj._group is attn.v_proj._group:
         weights["qkv"] = _projection(attn.q_proj._group.linear)
     else:
@@ -193,9 +197,19 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
-def decoder_layer(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor | None,
-                  values: torch.Tensor | None, write: torch.Tensor, mask: torch.Tensor, weights: dict,
-                  shape: LayerShape, attention: bool = True, mlp: bool = True) -> torch.Tensor:
+def decoder_layer(
+    h: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    keys: torch.Tensor | None,
+    values: torch.Tensor | None,
+    write: torch.Tensor,
+    mask: torch.Tensor,
+    weights: dict,
+    shape: LayerShape,
+    attention: bool = True,
+    mlp: bool = True,
+) -> torch.Tensor:
     """One pre-norm decoder layer over n new rows; writes their keys and values in place.
 
     `attention` / `mlp` False skip that sub-block (a routed slim view; each combination is a graph).
@@ -247,7 +261,6 @@ def _mlp_block(h: torch.Tensor, weights: dict, shape: LayerShape) -> torch.Tenso
         gate, up = project(x, weights["gate"]), project(x, weights["up"])
     act = F.silu(gate) if shape.act == "silu" else F.gelu(gate, approximate="tanh")
     return h + project(act * up, weights["down"])
-
 
 
 # ----------------------------------------------------------------------------- keys and values
@@ -314,16 +327,17 @@ class DecodeStep:
     Holds views of the model's weights, never copies.
     """
 
-    def __init__(self, model: PreTrainedModel, plan: list[tuple[int, bool, bool]] | None = None,
-                 compile: bool = True):
+    def __init__(self, model: PreTrainedModel, plan: list[tuple[int, bool, bool]] | None = None, compile: bool = True):
         """`plan`: (layer, runs attention, runs MLP) for each decoder layer to run, in order (a routed
         slim view's); None: every layer, whole."""
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise UnsupportedModel(f"the compiled step supports {', '.join(SUPPORTED_MODEL_TYPES)}, not"
-                                   f" {config.model_type!r}")
+            raise UnsupportedModel(
+                f"the compiled step supports {', '.join(SUPPORTED_MODEL_TYPES)}, not {config.model_type!r}"
+            )
         if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []) or (
-                config.model_type == "mistral" and getattr(config, "sliding_window", None)):
+            config.model_type == "mistral" and getattr(config, "sliding_window", None)
+        ):
             raise UnsupportedModel("sliding-window attention is not implemented by the compiled step")
         if getattr(config, "hidden_act", "silu") not in ("silu", "gelu_pytorch_tanh"):
             raise UnsupportedModel(f"activation {config.hidden_act!r} is not implemented by the compiled step")
@@ -332,9 +346,13 @@ class DecodeStep:
         self.plan = [(i, True, True) for i in range(len(body.layers))] if plan is None else list(plan)
         self.layers = [i for i, attention, _ in self.plan if attention]  # the layers that keep keys and values
         D = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-        self.shape = LayerShape(int(config.num_attention_heads),
-                                int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads),
-                                D, float(config.rms_norm_eps), getattr(config, "hidden_act", "silu"))
+        self.shape = LayerShape(
+            int(config.num_attention_heads),
+            int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads),
+            D,
+            float(config.rms_norm_eps),
+            getattr(config, "hidden_act", "silu"),
+        )
         self.weights = {i: _layer_weights(body.layers[i]) for i, _, _ in self.plan}
         self.compiled = compile
         # Each model size, row-count class, buffer size and routed plan is a graph of the one compiled
@@ -357,12 +375,18 @@ class DecodeStep:
         return StaticKV.over(keys, values, length)
 
     def new_cache(self) -> StaticKV:
-        return StaticKV(self.layers, self.shape.kv_heads, self.shape.head_dim, self.dtype,
-                        self.body.embed_tokens.weight.device)
+        return StaticKV(
+            self.layers, self.shape.kv_heads, self.shape.head_dim, self.dtype, self.body.embed_tokens.weight.device
+        )
 
     @torch.no_grad()
-    def __call__(self, input_ids: torch.Tensor, cache: StaticKV, mask: torch.Tensor | None = None,
-                 positions: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        cache: StaticKV,
+        mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Final normed hidden states [n, H] of `input_ids` [n], appended to `cache`.
 
         Default: a chain after `cache.length` positions. `positions` [n] (rotary positions) and
@@ -382,8 +406,9 @@ class DecodeStep:
         hidden = out[0] if len(out) == 1 else torch.cat(out)
         return self.body.norm(hidden)
 
-    def _block(self, ids: torch.Tensor, cache: StaticKV, positions: torch.Tensor,
-               mask: torch.Tensor | None) -> torch.Tensor:
+    def _block(
+        self, ids: torch.Tensor, cache: StaticKV, positions: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         n, start = ids.shape[0], cache.length
         write = torch.arange(start, start + n, device=cache.device)
         attended = math.ceil((start + n) / ATTENTION_ALIGN) * ATTENTION_ALIGN
@@ -402,8 +427,19 @@ class DecodeStep:
                 for t in (h, cos, sin, write, full):
                     torch._dynamo.maybe_mark_dynamic(t, 0)
         for i, attention, mlp in self.plan:
-            h = self._layer(h, cos, sin, cache.keys.get(i), cache.values.get(i), write, full, self.weights[i],
-                            self.shape, attention, mlp)
+            h = self._layer(
+                h,
+                cos,
+                sin,
+                cache.keys.get(i),
+                cache.values.get(i),
+                write,
+                full,
+                self.weights[i],
+                self.shape,
+                attention,
+                mlp,
+            )
         cache.length = start + n
         return h
 
@@ -417,7 +453,9 @@ def inductor_cache_dir() -> Path:
     `$VIASD_CACHE/inductor/<ATEN_CPU_CAPABILITY>`. Inductor's cache key misses that variable: a
     process limited to AVX2 was handed the native AVX-512 process's kernels and computed NaNs."""
     current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):  # Inductor writes its default there
+    if current is None or os.path.abspath(current) == os.path.abspath(
+        default_cache_dir()
+    ):  # Inductor writes its default there
         capability = os.environ.get("ATEN_CPU_CAPABILITY", "native") or "native"
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor" / capability)
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
@@ -459,10 +497,12 @@ def warm_up_step(step: DecodeStep, progress: bool = True) -> float:
     cache = step.new_cache()
     ids = torch.zeros(4, dtype=torch.long, device=cache.device)
     name = getattr(step.model.config, "_name_or_path", "") or type(step.model).__name__
-    for rows in tqdm([4, 1], desc=f"compiling the decode step of {Path(name).name}", unit="graph",
-                     disable=not progress):
+    for rows in tqdm(
+        [4, 1], desc=f"compiling the decode step of {Path(name).name}", unit="graph", disable=not progress
+    ):
         step(ids[:rows], cache)
     seconds = time.perf_counter() - begin
-    logger.info("compiled the decode step of %s (%d layers) in %.1f s", type(step.model).__name__,
-                len(step.layers), seconds)
+    logger.info(
+        "compiled the decode step of %s (%d layers) in %.1f s", type(step.model).__name__, len(step.layers), seconds
+    )
     return seconds

@@ -69,8 +69,12 @@ def quantize_int8(model: PreTrainedModel, tokenizer, source: Path | None) -> Non
         if path is not None:
             _write(path, key, {**weights.state(), **{_OUTLIERS + name: t for name, t in outliers.items()}})
     elif weights.quantized:
-        logger.warning("int8 cache %s lacked %d of the weights (quantised from the checkpoint instead); removed it,"
-                       " the next load writes it anew", path, len(weights.quantized))
+        logger.warning(
+            "int8 cache %s lacked %d of the weights (quantised from the checkpoint instead); removed it,"
+            " the next load writes it anew",
+            path,
+            len(weights.quantized),
+        )
         path.unlink(missing_ok=True)
     else:
         logger.info("int8 weights of %s read from %s in %.1f s", source, path, seconds)
@@ -84,8 +88,11 @@ def _read(path: Path, key: dict) -> dict[str, torch.Tensor] | None:
         with safe_open(str(path), "pt") as f:
             recorded = json.loads((f.metadata() or {}).get("key", "null"))
         if recorded != key:
-            logger.warning("int8 cache %s was made from other files or settings; quantising anew (about half a minute"
-                           " for a 1.5B model) and replacing it", path)
+            logger.warning(
+                "int8 cache %s was made from other files or settings; quantising anew (about half a minute"
+                " for a 1.5B model) and replacing it",
+                path,
+            )
             return None
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as err:

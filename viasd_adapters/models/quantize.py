@@ -28,11 +28,10 @@ import contextlib
 import copy
 import itertools
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedModel
-
 
 # Rows up to which the int8 kernel beats the dense one (measured above); more go dense.
 INT8_MAX_ROWS = 4
@@ -195,8 +194,13 @@ class Int8Linear(torch.nn.Module):
     GEMM, so both groups keep their resolution and every row stays independent of the others.
     """
 
-    def __init__(self, linear: torch.nn.Linear, outliers: torch.Tensor | None = None,
-                 weights: Int8Weights | None = None, key: str = "weight"):
+    def __init__(
+        self,
+        linear: torch.nn.Linear,
+        outliers: torch.Tensor | None = None,
+        weights: Int8Weights | None = None,
+        key: str = "weight",
+    ):
         """`weights`, `key`: where the int8 weight comes from (default: quantised from `linear`'s)."""
         super().__init__()
         weights = weights or Int8Weights()
@@ -207,20 +211,32 @@ class Int8Linear(torch.nn.Module):
             inliers = torch.ones(linear.in_features, dtype=torch.bool)
             inliers[outliers] = False
             channels = [inliers.nonzero().squeeze(1), outliers.sort().values]  # [K - k], [k]
-            gemms = [_RowQuantGemm(weights(f"{key}.{part}", lambda c=c: w[:, c]))
-                     for part, c in zip(("inliers", "outliers"), channels)]
+            gemms = [
+                _RowQuantGemm(weights(f"{key}.{part}", lambda c=c: w[:, c]))
+                for part, c in zip(("inliers", "outliers"), channels)
+            ]
         self._assign(gemms, channels, None if linear.bias is None else linear.bias.detach().float(), linear.in_features)
 
-    def _assign(self, gemms: list[_RowQuantGemm], channels: list[torch.Tensor] | None, bias: torch.Tensor | None,
-                in_features: int) -> None:
+    def _assign(
+        self,
+        gemms: list[_RowQuantGemm],
+        channels: list[torch.Tensor] | None,
+        bias: torch.Tensor | None,
+        in_features: int,
+    ) -> None:
         self._gemms, self.channels = gemms, channels
         self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
         self.in_features, self.out_features = in_features, gemms[0].out_features
         self._dense: torch.Tensor | None = None
 
     @classmethod
-    def from_parts(cls, gemms: list[_RowQuantGemm], channels: list[torch.Tensor] | None, bias: torch.Tensor | None,
-                   in_features: int) -> Int8Linear:
+    def from_parts(
+        cls,
+        gemms: list[_RowQuantGemm],
+        channels: list[torch.Tensor] | None,
+        bias: torch.Tensor | None,
+        in_features: int,
+    ) -> Int8Linear:
         layer = cls.__new__(cls)
         torch.nn.Module.__init__(layer)
         layer._assign(gemms, channels, bias, in_features)
@@ -230,8 +246,9 @@ class Int8Linear(torch.nn.Module):
         """A layer of output channels `ids` [n] alone (a reduced LM head), each computed exactly
         as it is here."""
         bias = None if self.bias is None else self.bias.detach()[ids]
-        return Int8Linear.from_parts([gemm.select_outputs(ids) for gemm in self._gemms], self.channels, bias,
-                                     self.in_features)
+        return Int8Linear.from_parts(
+            [gemm.select_outputs(ids) for gemm in self._gemms], self.channels, bias, self.in_features
+        )
 
     @property
     def weight(self) -> torch.Tensor:
@@ -275,8 +292,13 @@ class _SharedInputGemm:
 
     def __init__(self, linears: list[torch.nn.Linear], weights: Int8Weights | None = None, key: str = "weight"):
         gemm = _RowQuantGemm((weights or Int8Weights())(key, lambda: torch.cat([m.weight.detach() for m in linears])))
-        bias = None if all(m.bias is None for m in linears) else torch.cat(
-            [m.bias.detach().float() if m.bias is not None else torch.zeros(m.out_features) for m in linears])
+        bias = (
+            None
+            if all(m.bias is None for m in linears)
+            else torch.cat(
+                [m.bias.detach().float() if m.bias is not None else torch.zeros(m.out_features) for m in linears]
+            )
+        )
         self.linear = Int8Linear.from_parts([gemm], None, bias, linears[0].in_features)
         ends = list(itertools.accumulate(m.out_features for m in linears))
         self.spans = list(zip([0, *ends[:-1]], ends))  # each projection's output columns
@@ -339,8 +361,9 @@ OUTLIER_SHARE = 1 / 64  # of each down_proj's input channels given their own gro
 
 
 @torch.no_grad()
-def calibrate_outliers(model: PreTrainedModel, tokenizer, text: str = CALIBRATION_TEXT,
-                       share: float = OUTLIER_SHARE) -> dict[str, torch.Tensor]:
+def calibrate_outliers(
+    model: PreTrainedModel, tokenizer, text: str = CALIBRATION_TEXT, share: float = OUTLIER_SHARE
+) -> dict[str, torch.Tensor]:
     """For each down_proj (the MLP's output projection): the `share` of its input channels with
     the largest magnitude on `text`, by module name."""
     peaks: dict[str, torch.Tensor] = {}
@@ -349,10 +372,14 @@ def calibrate_outliers(model: PreTrainedModel, tokenizer, text: str = CALIBRATIO
         def hook(module, args):
             x = args[0].detach().float().reshape(-1, args[0].shape[-1]).abs().amax(0)
             peaks[name] = x if name not in peaks else torch.maximum(peaks[name], x)
+
         return hook
 
-    handles = [m.register_forward_pre_hook(record(n)) for n, m in model.named_modules()
-               if isinstance(m, torch.nn.Linear) and n.endswith("down_proj")]
+    handles = [
+        m.register_forward_pre_hook(record(n))
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and n.endswith("down_proj")
+    ]
     try:
         ids = tokenizer(text, return_tensors="pt").input_ids.to(model.device)
         model(ids[:, : model.config.max_position_embeddings])
@@ -362,13 +389,18 @@ def calibrate_outliers(model: PreTrainedModel, tokenizer, text: str = CALIBRATIO
     return {name: peak.topk(max(1, int(len(peak) * share))).indices for name, peak in peaks.items()}
 
 
-def _share_input_gemms(name: str, module: torch.nn.Module, outliers: dict[str, torch.Tensor], weights: Int8Weights) -> None:
+def _share_input_gemms(
+    name: str, module: torch.nn.Module, outliers: dict[str, torch.Tensor], weights: Int8Weights
+) -> None:
     """Puts each group of `SHARED_INPUT_PROJECTIONS` that `module` has whole (dense, one input
     width, no outlier channels) on one int8 GEMM, in place."""
     for names in SHARED_INPUT_PROJECTIONS:
         linears = [getattr(module, n, None) for n in names]
-        if (all(isinstance(m, torch.nn.Linear) for m in linears) and len({m.in_features for m in linears}) == 1
-                and not any(f"{name}.{n}" in outliers for n in names)):
+        if (
+            all(isinstance(m, torch.nn.Linear) for m in linears)
+            and len({m.in_features for m in linears}) == 1
+            and not any(f"{name}.{n}" in outliers for n in names)
+        ):
             group = _SharedInputGemm(linears, weights, f"{name}.{'+'.join(names)}")
             for index, projection in enumerate(names):
                 setattr(module, projection, Int8Projection(group, index))
@@ -388,8 +420,13 @@ def quantized_copy(model: PreTrainedModel, kind: str, keep_head: bool = False) -
     return quantize_linears(copy.deepcopy(model, memo), kind, keep_head)
 
 
-def quantize_linears(model: PreTrainedModel, kind: str, keep_head: bool = False,
-                     outliers: dict[str, torch.Tensor] | None = None, weights: Int8Weights | None = None) -> PreTrainedModel:
+def quantize_linears(
+    model: PreTrainedModel,
+    kind: str,
+    keep_head: bool = False,
+    outliers: dict[str, torch.Tensor] | None = None,
+    weights: Int8Weights | None = None,
+) -> PreTrainedModel:
     """`model` with its decoder linear layers (and LM head, unless `keep_head`) replaced, in place
     (int8: q / k / v and gate / up each on one shared GEMM). int8 only: `outliers`, input channels
     kept in a group of their own, by module name; `weights`, where the int8 weights come from

@@ -36,8 +36,9 @@ def row_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
             visible = int(allowed[0, 0, 0].sum())
             if not bool(allowed[..., :visible].all()):
                 visible, mask = kv, row  # not a prefix: this row keeps its mask
-        out, _ = sdpa_attention_forward(module, query[:, :, j : j + 1], key[:, :, :visible], value[:, :, :visible],
-                                        mask, is_causal=False, **kwargs)
+        out, _ = sdpa_attention_forward(
+            module, query[:, :, j : j + 1], key[:, :, :visible], value[:, :, :visible], mask, is_causal=False, **kwargs
+        )
         rows.append(out)  # [B, 1, H, D]
     return torch.cat(rows, dim=1), None
 

@@ -20,8 +20,10 @@ def check_precision(dtype: str, device: str = "cpu", key: str = "dtype") -> None
     if dtype not in _DTYPES:
         raise ValueError(f"{key}={dtype} is not one of {', '.join(_DTYPES)}")
     if dtype in QUANTIZED_PRECISIONS and torch.device(device).type != "cpu":
-        raise ValueError(f"{key}={dtype}: its W8A8 kernels (fbgemm) run on CPUs only, not on {device};"
-                         f" use bfloat16 on {device}, or device=cpu")
+        raise ValueError(
+            f"{key}={dtype}: its W8A8 kernels (fbgemm) run on CPUs only, not on {device};"
+            f" use bfloat16 on {device}, or device=cpu"
+        )
 
 
 @dataclass
@@ -72,8 +74,11 @@ class ModelSpec:
         """Whether a model of this spec with `num_parameters` gets the compiled decode step."""
         if self.compile != "auto":
             return bool(self.compile)
-        return (self.quantization is not None and torch.device(self.device).type == "cpu"
-                and num_parameters >= COMPILE_MIN_PARAMETERS)
+        return (
+            self.quantization is not None
+            and torch.device(self.device).type == "cpu"
+            and num_parameters >= COMPILE_MIN_PARAMETERS
+        )
 
     @property
     def quantization(self) -> str | None:

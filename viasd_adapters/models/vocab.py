@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Iterable
 
 import torch
 from transformers import PreTrainedModel
@@ -61,8 +61,11 @@ class DraftVocabulary:
         if not path.is_file():
             shipped = resources.files(__package__) / SHIPPED_DIR / f"{name_or_path}.json"
             if not shipped.is_file():
-                available = sorted(p.name[:-5] for p in (resources.files(__package__) / SHIPPED_DIR).iterdir()
-                                   if p.name.endswith(".json"))
+                available = sorted(
+                    p.name[:-5]
+                    for p in (resources.files(__package__) / SHIPPED_DIR).iterdir()
+                    if p.name.endswith(".json")
+                )
                 raise ValueError(
                     f"draft vocabulary {str(name_or_path)!r} is neither a file nor a shipped name"
                     f" (shipped: {', '.join(available) or 'none'}); build one with"
@@ -89,8 +92,11 @@ class DraftVocabulary:
         ranked = sorted(range(vocab_size), key=lambda i: (-counts.get(i, 0), i))
         chosen = always + [i for i in ranked if i not in pinned][: max(size - len(always), 0)]
         covered = sum(counts.get(i, 0) for i in chosen)
-        info = {"calibration_tokens": sum(counts.values()), "calibration_coverage": covered / max(sum(counts.values()), 1),
-                **(description or {})}
+        info = {
+            "calibration_tokens": sum(counts.values()),
+            "calibration_coverage": covered / max(sum(counts.values()), 1),
+            **(description or {}),
+        }
         return cls(chosen[:size], vocab_size, info)
 
 

@@ -13,6 +13,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from .compiled import attach_step
+from .int8_cache import quantize_int8
 from .offline import (
     CACHED_TOKENIZER_KWARGS,
     OFFLINE_MODELS,
@@ -20,8 +22,6 @@ from .offline import (
     ensure_cached,
     tokenizer_meta_from_provenance,
 )
-from .compiled import attach_step
-from .int8_cache import quantize_int8
 from .row_attention import ROW_INVARIANT_ATTENTION
 from .spec import LoadedModel, ModelSpec
 from .tiny import build_tiny_model
@@ -90,15 +90,11 @@ def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -
     return tuple(dict.fromkeys(ids))  # dedupe, keep order
 
 
-def _from_pretrained(
-    path: str, spec: ModelSpec, tokenizer_kwargs: dict | None = None
-) -> LoadedModel:
+def _from_pretrained(path: str, spec: ModelSpec, tokenizer_kwargs: dict | None = None) -> LoadedModel:
     start = time.perf_counter()
     # The tokenizer first: it fails fast for a bad hub id.
     tokenizer = AutoTokenizer.from_pretrained(path, **(tokenizer_kwargs or {}))
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=spec.torch_dtype, attn_implementation="sdpa"
-    )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=spec.torch_dtype, attn_implementation="sdpa")
     # Loaded in the checkpoint's own dtype (fp32 from the offline cache), the weights stay
     # memory-mapped copy-on-write: shared page cache, so memory pressure can evict them.
     model = model.to(spec.device).eval()

@@ -4,5 +4,4 @@ from .mask import RoutingMask, format_layers
 from .shared_prefix import SharedPrefixRunner, UpperLayers
 from .slim import FAMILIES, HiddenState, SlimModel
 
-__all__ = ["FAMILIES", "HiddenState", "RoutingMask", "SharedPrefixRunner", "SlimModel", "UpperLayers",
-           "format_layers"]
+__all__ = ["FAMILIES", "HiddenState", "RoutingMask", "SharedPrefixRunner", "SlimModel", "UpperLayers", "format_layers"]

@@ -145,8 +145,14 @@ class RoutingMask:
         order = [int(i) for i in rng.permutation(mask.num_layers)]
         counts = (len(mask.skip_layers), len(mask.skip_attention), len(mask.skip_mlp))
         layers, attention, mlp = (order[sum(counts[:k]) : sum(counts[: k + 1])] for k in range(3))
-        return cls(layers, attention, mlp, num_layers=mask.num_layers, model=mask.model,
-                   provenance={"method": f"random, the budget of {mask.describe()}", "seed": seed})
+        return cls(
+            layers,
+            attention,
+            mlp,
+            num_layers=mask.num_layers,
+            model=mask.model,
+            provenance={"method": f"random, the budget of {mask.describe()}", "seed": seed},
+        )
 
     @property
     def skips(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
@@ -180,8 +186,10 @@ class RoutingMask:
 
     def skipped_cost(self, attention_share: float) -> float:
         """Skipped work in layer-equivalents; an attention sub-block counts `attention_share` of a layer."""
-        return len(self.skip_layers) + attention_share * len(self.skip_attention) + (1 - attention_share) * len(
-            self.skip_mlp
+        return (
+            len(self.skip_layers)
+            + attention_share * len(self.skip_attention)
+            + (1 - attention_share) * len(self.skip_mlp)
         )
 
     def describe(self) -> str:
@@ -215,8 +223,16 @@ class RoutingMask:
     @classmethod
     def from_dict(cls, data: Mapping) -> RoutingMask:
         data = _plain(data)
-        unknown = set(data) - {"_target_", "_convert_", "model", "num_layers", "skip_layers", "skip_attention",
-                               "skip_mlp", "provenance"}
+        unknown = set(data) - {
+            "_target_",
+            "_convert_",
+            "model",
+            "num_layers",
+            "skip_layers",
+            "skip_attention",
+            "skip_mlp",
+            "provenance",
+        }
         if unknown:
             raise ValueError(f"unknown routing mask field(s) {sorted(unknown)}")
         return cls(

@@ -115,8 +115,9 @@ class SharedPrefixRunner:
 
         # 2. shared layers [0, p) over the tokens they lack (nothing when the other view ran them)
         if shared < T:
-            state = self.full.run_layers(self.full.embed(ids[None, shared:], shared), self.prefix_cache,
-                                         stop=self.num_prefix_layers)
+            state = self.full.run_layers(
+                self.full.embed(ids[None, shared:], shared), self.prefix_cache, stop=self.num_prefix_layers
+            )
             self.pending = state if self.pending is None else self.pending.cat(state)
             self.prefix_ids = ids.clone()
 

@@ -209,8 +209,13 @@ class SlimModel(nn.Module):
             hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
         return HiddenState(hidden, int(start), 0)
 
-    def run_layers(self, state: HiddenState, past_key_values: Cache | None, stop: int | None = None,
-                   tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> HiddenState:
+    def run_layers(
+        self,
+        state: HiddenState,
+        past_key_values: Cache | None,
+        stop: int | None = None,
+        tree: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> HiddenState:
         """Run this view's steps for decoder layers [state.next_layer, stop) (stop None: to the end).
 
         Each attention layer reads and extends `past_key_values` at its own (the target's) layer
@@ -241,8 +246,9 @@ class SlimModel(nn.Module):
             rotary[SLIDING] = self.rotary_emb_local(hidden, position_ids)
         types = {self._attention_types[s.layer] for s in steps}
         if tree is None:
-            masks = self._masks(B, cache_position, kv_length=cached + T, kv_offset=state.start - cached,
-                                dtype=hidden.dtype, types=types)
+            masks = self._masks(
+                B, cache_position, kv_length=cached + T, kv_offset=state.start - cached, dtype=hidden.dtype, types=types
+            )
         else:
             masks = dict.fromkeys(types, self._tree_mask(B, cached, tree[1].to(hidden.device), hidden.dtype, types))
         for s in steps:
@@ -296,8 +302,9 @@ class SlimModel(nn.Module):
             raise ValueError(f"attention type {kind!r} is not supported by the slim verifier")
         return kind
 
-    def _masks(self, B: int, cache_position: torch.Tensor, kv_length: int, kv_offset: int,
-               dtype: torch.dtype, types: set[str]) -> dict[str, torch.Tensor | None]:
+    def _masks(
+        self, B: int, cache_position: torch.Tensor, kv_length: int, kv_offset: int, dtype: torch.dtype, types: set[str]
+    ) -> dict[str, torch.Tensor | None]:
         """The attention mask of each attention type, as the target's own forward would build it."""
         impl = self.config._attn_implementation
         if impl not in ALL_MASK_ATTENTION_FUNCTIONS:  # e.g. paged backends that need no mask
@@ -310,8 +317,15 @@ class SlimModel(nn.Module):
                 window = self.config.sliding_window
                 kwargs = dict(mask_function=sliding_window_causal_mask_function(window), local_size=window)
             masks[kind] = make(
-                batch_size=B, cache_position=cache_position, kv_length=kv_length, kv_offset=kv_offset,
-                attention_mask=None, allow_is_causal_skip=True, dtype=dtype, config=self.config, **kwargs,
+                batch_size=B,
+                cache_position=cache_position,
+                kv_length=kv_length,
+                kv_offset=kv_offset,
+                attention_mask=None,
+                allow_is_causal_skip=True,
+                dtype=dtype,
+                config=self.config,
+                **kwargs,
             )
         return masks
 
@@ -326,9 +340,12 @@ class SlimModel(nn.Module):
             return allowed
         if impl == "eager":  # an additive mask
             return torch.zeros(allowed.shape, dtype=dtype, device=attend.device).masked_fill(
-                ~allowed, torch.finfo(dtype).min)
-        raise ValueError(f"a draft tree needs an explicit attention mask: load the target with attn_implementation"
-                         f" 'sdpa' or 'eager', not {impl!r}")
+                ~allowed, torch.finfo(dtype).min
+            )
+        raise ValueError(
+            f"a draft tree needs an explicit attention mask: load the target with attn_implementation"
+            f" 'sdpa' or 'eager', not {impl!r}"
+        )
 
     @staticmethod
     def _run_sub_blocks(layer: nn.Module, hidden: torch.Tensor, step: _Step, kwargs: dict) -> torch.Tensor:

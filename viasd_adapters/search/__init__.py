@@ -26,6 +26,7 @@ __all__ = [
     "Reference",
     "SearchConfig",
     "SearchResult",
+    "Sensitivity",
     "TrialRecord",
     "attention_share",
     "block_outcomes",

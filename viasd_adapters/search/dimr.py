@@ -101,7 +101,10 @@ class TrialFunction:
             self.bar.update()
             self.bar.set_postfix_str(f"best {self.cost}={self.best:.4f} last {mask.describe()}")
         return {
-            "loss": loss, "status": STATUS_OK, "skips": [list(s) for s in mask.skips], **metrics.to_dict(),
+            "loss": loss,
+            "status": STATUS_OK,
+            "skips": [list(s) for s in mask.skips],
+            **metrics.to_dict(),
         }
 
 
@@ -111,8 +114,15 @@ def _phase(number: int, num_seeds: int, cfg: SearchConfig) -> str:
     return "random" if number < num_seeds + cfg.num_random else "tpe"
 
 
-def run_search(objective, space: MaskSpace, cfg: SearchConfig, trials_file: str | Path | None = None,
-               seeds: list[RoutingMask] = (), trials: Trials | None = None, progress: bool = True) -> SearchResult:
+def run_search(
+    objective,
+    space: MaskSpace,
+    cfg: SearchConfig,
+    trials_file: str | Path | None = None,
+    seeds: list[RoutingMask] = (),
+    trials: Trials | None = None,
+    progress: bool = True,
+) -> SearchResult:
     """Minimise `cfg.cost` over `space`: `seeds`, then `cfg.num_random` random, then `cfg.num_tpe` TPE trials.
 
     `objective` maps a RoutingMask to MaskMetrics (e.g. a memoised `MaskObjective`).
@@ -147,8 +157,12 @@ def run_search(objective, space: MaskSpace, cfg: SearchConfig, trials_file: str 
             fmin(
                 fn,
                 space.hyperopt_space(),
-                algo=partial(tpe.suggest, n_startup_jobs=len(seeds) + cfg.num_random, gamma=cfg.gamma,
-                             n_EI_candidates=cfg.num_candidates),
+                algo=partial(
+                    tpe.suggest,
+                    n_startup_jobs=len(seeds) + cfg.num_random,
+                    gamma=cfg.gamma,
+                    n_EI_candidates=cfg.num_candidates,
+                ),
                 max_evals=total,  # queued seeds count towards it
                 trials=trials,
                 rstate=np.random.default_rng(cfg.seed + done),
@@ -161,7 +175,9 @@ def run_search(objective, space: MaskSpace, cfg: SearchConfig, trials_file: str 
         if r.get("status") != STATUS_OK:
             continue
         mask = RoutingMask(*r["skips"], num_layers=space.num_layers, model=space.model)
-        records.append(TrialRecord(len(records), _phase(len(records), len(seeds), cfg), mask,
-                                   MaskMetrics.from_dict(r), r["loss"]))
-    return SearchResult(records, cfg, time.perf_counter() - begin,
-                        getattr(objective, "evaluations", 0) - before, resumed_from=done)
+        records.append(
+            TrialRecord(len(records), _phase(len(records), len(seeds), cfg), mask, MaskMetrics.from_dict(r), r["loss"])
+        )
+    return SearchResult(
+        records, cfg, time.perf_counter() - begin, getattr(objective, "evaluations", 0) - before, resumed_from=done
+    )

@@ -59,8 +59,9 @@ class BlockObserver(Verifier):
         return verdict
 
 
-def observe_blocks(pair: ModelPair, framework: DictConfig, verifier: DictConfig, prompts: list[torch.Tensor],
-                   max_new_tokens: int) -> list[tuple[float, bool]]:
+def observe_blocks(
+    pair: ModelPair, framework: DictConfig, verifier: DictConfig, prompts: list[torch.Tensor], max_new_tokens: int
+) -> list[tuple[float, bool]]:
     """Greedy VIA-SD (the verifier's gate switched off) over `prompts`; one observation per block."""
     node = OmegaConf.merge(verifier, {"gate": None}) if "gate" in verifier else verifier
     decoder = build_decoder(framework, node, pair)
@@ -73,8 +74,15 @@ def observe_blocks(pair: ModelPair, framework: DictConfig, verifier: DictConfig,
     return observer.observed
 
 
-def calibrate_gate(pair: ModelPair, framework: DictConfig, verifier: DictConfig, prompts: list[torch.Tensor],
-                   max_new_tokens: int, slim_ratio: float, escalate_ratio: float) -> GateChoice:
+def calibrate_gate(
+    pair: ModelPair,
+    framework: DictConfig,
+    verifier: DictConfig,
+    prompts: list[torch.Tensor],
+    max_new_tokens: int,
+    slim_ratio: float,
+    escalate_ratio: float,
+) -> GateChoice:
     """Observe VIA-SD on calibration prompts and choose the gate threshold (see `choose_gate`)."""
     observed = observe_blocks(pair, framework, verifier, prompts, max_new_tokens)
     if not observed:

@@ -27,8 +27,11 @@ class Sensitivity:
         if unit == "layers":
             blocks = [("layer", i, m) for i, m in enumerate(self.layer)]
         else:
-            blocks = [(kind, i, m) for kind, rows in (("attention", self.attention), ("mlp", self.mlp))
-                      for i, m in enumerate(rows)]
+            blocks = [
+                (kind, i, m)
+                for kind, rows in (("attention", self.attention), ("mlp", self.mlp))
+                for i, m in enumerate(rows)
+            ]
         ranked = sorted(blocks, key=lambda b: (b[2].cost(cost), b[1]))
         return [(kind, i) for kind, i, _ in ranked[:count]]
 
@@ -39,8 +42,10 @@ def sensitivity(objective: Objective, num_layers: int, sub_blocks: bool = False,
     masks = [(kind, i) for kind in kinds for i in range(num_layers)]
     results: dict[str, list[MaskMetrics]] = {kind: [] for kind in kinds}
     for kind, i in tqdm(masks, desc="sensitivity", disable=not progress):
-        mask = RoutingMask(**{{"layer": "skip_layers", "attention": "skip_attention", "mlp": "skip_mlp"}[kind]: [i]},
-                           num_layers=num_layers)
+        mask = RoutingMask(
+            **{{"layer": "skip_layers", "attention": "skip_attention", "mlp": "skip_mlp"}[kind]: [i]},
+            num_layers=num_layers,
+        )
         results[kind].append(objective(mask))
     return Sensitivity(results["layer"], results.get("attention"), results.get("mlp"))
 
@@ -54,9 +59,15 @@ class GreedyStep:
     candidates: dict[int, MaskMetrics]  # layer tried at this step -> metrics of the mask with it removed
 
 
-def greedy_removal(objective: Objective, num_layers: int, steps: int, cost: str = "kl",
-                   model: str | None = None, progress: bool = True,
-                   candidates: list[int] | None = None) -> list[GreedyStep]:
+def greedy_removal(
+    objective: Objective,
+    num_layers: int,
+    steps: int,
+    cost: str = "kl",
+    model: str | None = None,
+    progress: bool = True,
+    candidates: list[int] | None = None,
+) -> list[GreedyStep]:
     """Remove layers one at a time, each time the one whose removal costs least.
 
     `steps` removals need sum_{j < steps} (n - j) evaluations for n candidate layers (all L by

@@ -68,12 +68,18 @@ class MaskMetrics:
 
     @classmethod
     def from_dict(cls, row: dict) -> MaskMetrics:
-        return cls(row["kl"], row["top1"], row["num_positions"], row.get("seconds", 0.0),
-                   *(row.get(k) for k in _EXPECTED_FIELDS))
+        return cls(
+            row["kl"],
+            row["top1"],
+            row["num_positions"],
+            row.get("seconds", 0.0),
+            *(row.get(k) for k in _EXPECTED_FIELDS),
+        )
 
 
-def block_outcomes(log_q: torch.Tensor, log_u: torch.Tensor, policy: TierPolicy,
-                   block: int) -> tuple[torch.Tensor, torch.Tensor]:
+def block_outcomes(
+    log_q: torch.Tensor, log_u: torch.Tensor, policy: TierPolicy, block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Which verify blocks the slim tier would settle, and where it would act wrongly.
 
     The calibration text is the target's own greedy continuation, so the draft is taken to be the
@@ -160,8 +166,10 @@ class ExpectedCost:
         """What makes two evaluations comparable (a store row of another setting is not reused)."""
         # tau_draft joins the key only when set, so rows stored before it existed stay comparable
         draft = f":draft{self.tau_draft}" if self.tau_draft else ""
-        return (f"expected:{self.profile.device}:{self.tau_accept}:{self.tau_slim}:{self.block}:{self.max_wrong}:"
-                f"{self.penalty}:{self.share_prefix}:{self.attention_share:.4f}{draft}")
+        return (
+            f"expected:{self.profile.device}:{self.tau_accept}:{self.tau_slim}:{self.block}:{self.max_wrong}:"
+            f"{self.penalty}:{self.share_prefix}:{self.attention_share:.4f}{draft}"
+        )
 
 
 @dataclass
@@ -182,8 +190,10 @@ class Reference:
         self.texts: list[_TextReference] = []
         begin = time.perf_counter()
         with torch.inference_mode():
-            for ids, text in zip(tqdm(as_tensors(calibration.texts, full.device), desc="full-model reference",
-                                      disable=not progress), calibration.texts):
+            for ids, text in zip(
+                tqdm(as_tensors(calibration.texts, full.device), desc="full-model reference", disable=not progress),
+                calibration.texts,
+            ):
                 # Feed all but the last token: position j predicts token j + 1, so the last m
                 # positions predict the m scored tokens.
                 state = full.embed(ids[:, :-1], 0)
@@ -264,10 +274,15 @@ class MaskObjective:
             w_share = float(torch.cat(wrong).float().mean())
             slim_ratio, escalate_ratio = e.ratios(mask, self.num_layers)
             block_cost = slim_ratio + (1 - s_share) * escalate_ratio
-            extra = {"settled": s_share, "wrong": w_share, "block_cost": block_cost,
-                     "expected": block_cost + e.penalty * max(0.0, w_share - e.max_wrong)}
-        return MaskMetrics(float(kl.mean()), float(agree.float().mean()), kl.numel(), time.perf_counter() - begin,
-                           **extra)
+            extra = {
+                "settled": s_share,
+                "wrong": w_share,
+                "block_cost": block_cost,
+                "expected": block_cost + e.penalty * max(0.0, w_share - e.max_wrong),
+            }
+        return MaskMetrics(
+            float(kl.mean()), float(agree.float().mean()), kl.numel(), time.perf_counter() - begin, **extra
+        )
 
 
 class EvaluationStore:
@@ -306,8 +321,12 @@ class EvaluationStore:
         return objective
 
     def append(self, mask: RoutingMask, metrics: MaskMetrics, expected_key: str | None = None) -> None:
-        row = {"skip_layers": list(mask.skip_layers), "skip_attention": list(mask.skip_attention),
-               "skip_mlp": list(mask.skip_mlp), **metrics.to_dict()}
+        row = {
+            "skip_layers": list(mask.skip_layers),
+            "skip_attention": list(mask.skip_attention),
+            "skip_mlp": list(mask.skip_mlp),
+            **metrics.to_dict(),
+        }
         if expected_key is not None:
             row["expected_key"] = expected_key
         with open(self.path, "a") as f:

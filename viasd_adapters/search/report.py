@@ -46,8 +46,14 @@ def plot_best_cost(result: SearchResult, path: Path, title: str, greedy: MaskMet
     for phase in PHASES:
         trials = result.of_phase(phase)
         if trials:
-            ax.scatter([t.number for t in trials], [t.loss for t in trials], s=12, alpha=0.6,
-                       color=colours[phase], label=f"{phase} trial")
+            ax.scatter(
+                [t.number for t in trials],
+                [t.loss for t in trials],
+                s=12,
+                alpha=0.6,
+                color=colours[phase],
+                label=f"{phase} trial",
+            )
     ax.plot(range(len(result.trials)), result.best_so_far(), color="tab:red", label="best so far")
     random = result.of_phase("random")
     if random:
@@ -69,8 +75,9 @@ def _fmt(m: MaskMetrics | None) -> str:
     return f"{m.kl:.4f} | {m.top1:.3f}" if m is not None else "- | -"
 
 
-def write_report(out_dir: Path, mask: RoutingMask, result: SearchResult, baselines: Baselines,
-                 provenance: dict) -> Path:
+def write_report(
+    out_dir: Path, mask: RoutingMask, result: SearchResult, baselines: Baselines, provenance: dict
+) -> Path:
     """report.md, best_cost.png and trials.jsonl in `out_dir`; returns the report's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     best = result.best
@@ -80,18 +87,45 @@ def write_report(out_dir: Path, mask: RoutingMask, result: SearchResult, baselin
     plot_best_cost(result, out_dir / "best_cost.png", title, greedy.metrics if greedy else None)
     with open(out_dir / "trials.jsonl", "w") as f:
         for t in result.trials:
-            f.write(json.dumps({"number": t.number, "phase": t.phase, "skips": [list(s) for s in t.mask.skips],
-                                "loss": t.loss, **t.metrics.to_dict()}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "number": t.number,
+                        "phase": t.phase,
+                        "skips": [list(s) for s in t.mask.skips],
+                        "loss": t.loss,
+                        **t.metrics.to_dict(),
+                    }
+                )
+                + "\n"
+            )
 
     lines = [f"# {title}", ""]
     lines += ["| | |", "|---|---|"]
-    for key in ("model", "dtype", "budget_text", "cost", "calibration_text", "candidates_text", "trials_text",
-                "evaluations", "search_seconds", "wall_seconds", "date", "command"):
+    for key in (
+        "model",
+        "dtype",
+        "budget_text",
+        "cost",
+        "calibration_text",
+        "candidates_text",
+        "trials_text",
+        "evaluations",
+        "search_seconds",
+        "wall_seconds",
+        "date",
+        "command",
+    ):
         if provenance.get(key) is not None:
             lines.append(f"| {key.replace('_text', '')} | {provenance[key]} |")
-    lines += ["", "## Found mask vs baselines (calibration text)", "",
-              "| mask | skipped | KL(q‖u) | top-1 agreement |", "|---|---|---|---|",
-              f"| **found (DIMR)** | {mask.describe()} | {_fmt(best.metrics)} |"]
+    lines += [
+        "",
+        "## Found mask vs baselines (calibration text)",
+        "",
+        "| mask | skipped | KL(q‖u) | top-1 agreement |",
+        "|---|---|---|---|",
+        f"| **found (DIMR)** | {mask.describe()} | {_fmt(best.metrics)} |",
+    ]
     if greedy is not None:
         seeded = "greedy" in (provenance.get("seeds") or [])
         name = "greedy removal (a seed: the search cannot do worse here)" if seeded else "greedy removal"
@@ -100,21 +134,36 @@ def write_report(out_dir: Path, mask: RoutingMask, result: SearchResult, baselin
     if random:
         s = random_summary(random)
         among = "same budget" + (", among the candidates" if provenance.get("candidates") else "")
-        lines.append(f"| random masks, median of {s['count']} | {among} | {s['kl']['median']:.4f} | "
-                     f"{s['top1']['median']:.3f} |")
-        lines.append(f"| random masks, best of {s['count']} | {among} | {s['kl']['best']:.4f} | "
-                     f"{s['top1']['best']:.3f} |")
+        lines.append(
+            f"| random masks, median of {s['count']} | {among} | {s['kl']['median']:.4f} | {s['top1']['median']:.3f} |"
+        )
+        lines.append(
+            f"| random masks, best of {s['count']} | {among} | {s['kl']['best']:.4f} | {s['top1']['best']:.3f} |"
+        )
         beaten = sum(m.cost(result.config.cost) > best.loss for m in random)
-        lines += ["", f"The found mask beats {beaten} of {len(random)} random search trials. Random masks over all "
-                  "layers, on held-out text: `viasd-eval-mask`."]
+        lines += [
+            "",
+            f"The found mask beats {beaten} of {len(random)} random search trials. Random masks over all "
+            "layers, on held-out text: `viasd-eval-mask`.",
+        ]
     seeds = result.of_phase("seed")
     if best.metrics.block_cost is not None:
         lines += _expected_cost_table(best, seeds, random)
     if seeds:
-        lines += ["", "Seed masks (evaluated first): "
-                  + "; ".join(f"{t.mask.describe()} ({result.config.cost} {t.loss:.4f})" for t in seeds)]
-    lines += ["", f"Best found at trial {best.number} ({best.phase} phase) of {len(result.trials)}.", "",
-              "## Best cost per trial", "", "![best cost per trial](best_cost.png)", ""]
+        lines += [
+            "",
+            "Seed masks (evaluated first): "
+            + "; ".join(f"{t.mask.describe()} ({result.config.cost} {t.loss:.4f})" for t in seeds),
+        ]
+    lines += [
+        "",
+        f"Best found at trial {best.number} ({best.phase} phase) of {len(result.trials)}.",
+        "",
+        "## Best cost per trial",
+        "",
+        "![best cost per trial](best_cost.png)",
+        "",
+    ]
 
     sens = baselines.sensitivity
     if sens is not None:
@@ -128,14 +177,23 @@ def write_report(out_dir: Path, mask: RoutingMask, result: SearchResult, baselin
             rule += "---|---|---|---|"
         head += " in found mask | greedy step |"
         rule += "---|---|"
-        lines += ["## Per-layer sensitivity", "",
-                  "Each row skips one block alone (calibration text); lower KL = safer to skip.", "", head, rule]
+        lines += [
+            "## Per-layer sensitivity",
+            "",
+            "Each row skips one block alone (calibration text); lower KL = safer to skip.",
+            "",
+            head,
+            rule,
+        ]
         for i, m in enumerate(sens.layer):
             row = f"| {i} | {_fmt(m)} |"
             if sens.attention is not None:
                 row += f" {_fmt(sens.attention[i])} | {_fmt(sens.mlp[i])} |"
-            found = "layer" if i in mask.skip_layers else (
-                "attention" if i in mask.skip_attention else ("mlp" if i in mask.skip_mlp else ""))
+            found = (
+                "layer"
+                if i in mask.skip_layers
+                else ("attention" if i in mask.skip_attention else ("mlp" if i in mask.skip_mlp else ""))
+            )
             row += f" {found} | {order.get(i, '')} |"
             lines.append(row)
         lines.append("")
@@ -151,13 +209,19 @@ def write_report(out_dir: Path, mask: RoutingMask, result: SearchResult, baselin
 
 def _expected_cost_table(best, seeds, random: list[MaskMetrics]) -> list[str]:
     """What the masks cost VIA-SD per verify block, in full forwards (search.config.cost=expected)."""
+
     def row(name, mask, m):
         return f"| {name} | {mask} | {m.settled:.3f} | {m.wrong:.3f} | {m.block_cost:.3f} | {m.expected:.3f} |"
 
-    lines = ["", "Expected verify cost per block, in full forwards (plain SD pays 1.000; `settled`: share of blocks"
-             " the slim tier settles when the target's own tokens stand in for the draft):", "",
-             "| mask | skipped | settled | wrong | block cost | expected |", "|---|---|---|---|---|---|",
-             row("**found (DIMR)**", best.mask.describe(), best.metrics)]
+    lines = [
+        "",
+        "Expected verify cost per block, in full forwards (plain SD pays 1.000; `settled`: share of blocks"
+        " the slim tier settles when the target's own tokens stand in for the draft):",
+        "",
+        "| mask | skipped | settled | wrong | block cost | expected |",
+        "|---|---|---|---|---|---|",
+        row("**found (DIMR)**", best.mask.describe(), best.metrics),
+    ]
     lines += [row("seed", t.mask.describe(), t.metrics) for t in seeds]
     if random:
         cheapest = min(random, key=lambda m: m.expected)

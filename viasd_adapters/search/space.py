@@ -35,14 +35,22 @@ class Budget:
             raise ValueError(f"a layer budget is a whole number of layers, got {self.amount}")
 
     def describe(self) -> str:
-        return f"{self.amount:g} layers" if self.unit == "layers" else f"{self.amount:g} layer-equivalents of sub-blocks"
+        return (
+            f"{self.amount:g} layers" if self.unit == "layers" else f"{self.amount:g} layer-equivalents of sub-blocks"
+        )
 
 
 class MaskSpace:
     """Masks of one budget over a model's L layers, with their hyperopt encoding."""
 
-    def __init__(self, num_layers: int, budget: Budget, attn_share: float = 0.5, model: str | None = None,
-                 candidates: list[tuple[str, int]] | None = None):
+    def __init__(
+        self,
+        num_layers: int,
+        budget: Budget,
+        attn_share: float = 0.5,
+        model: str | None = None,
+        candidates: list[tuple[str, int]] | None = None,
+    ):
         """`candidates`: the blocks the search may skip, e.g. [("layer", 12), ...]; None: all of them."""
         self.num_layers = num_layers
         self.budget = budget
@@ -98,8 +106,10 @@ class MaskSpace:
         """Scores that decode to `mask` (for seeding the search with known masks)."""
         skipped = {("layer", i) for i in mask.skip_layers}
         if not skipped <= set(self.blocks) and self.budget.unit == "layers":
-            raise ValueError(f"{mask.describe()} skips layers outside the search's candidates"
-                             f" ({', '.join(self.labels())}): raise search.candidates, or set it to null for every layer")
+            raise ValueError(
+                f"{mask.describe()} skips layers outside the search's candidates"
+                f" ({', '.join(self.labels())}): raise search.candidates, or set it to null for every layer"
+            )
         if self.budget.unit == "blocks":
             skipped = {(k, i) for i in mask.skip_layers for k in ("attention", "mlp")}
             skipped |= {("attention", i) for i in mask.skip_attention} | {("mlp", i) for i in mask.skip_mlp}

@@ -31,13 +31,23 @@ class CalibratedTarget:
         return self.reference.num_layers
 
 
-def prepare_target(loaded: LoadedModel, calibration: CalibrationConfig, cache_dir: str | Path | None,
-                   progress: bool = True, expected: ExpectedCost | None = None) -> CalibratedTarget:
+def prepare_target(
+    loaded: LoadedModel,
+    calibration: CalibrationConfig,
+    cache_dir: str | Path | None,
+    progress: bool = True,
+    expected: ExpectedCost | None = None,
+) -> CalibratedTarget:
     """Calibration text (cached), the full model's reference (computed once), the objective
     (with `expected`, it also prices each mask for the cost-aware search)."""
     texts = build_calibration(loaded, calibration, cache_dir, progress)
-    logger.info("%s split: %d texts, %d tokens, %d scored positions", calibration.split, len(texts.texts),
-                texts.num_tokens, texts.num_scored)
+    logger.info(
+        "%s split: %d texts, %d tokens, %d scored positions",
+        calibration.split,
+        len(texts.texts),
+        texts.num_tokens,
+        texts.num_scored,
+    )
     reference = Reference(loaded.model, texts, progress)
     store_path = None
     if cache_dir:

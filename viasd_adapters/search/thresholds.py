@@ -83,25 +83,40 @@ def evaluate_thresholds(
             tokens += out.stats.new_tokens
         results.append(
             ThresholdResult(
-                tau_accept, tau_slim, statistics.fmean(agreements), exact / len(prompts),
-                full / tokens, slim / tokens, statistics.median(speeds),
+                tau_accept,
+                tau_slim,
+                statistics.fmean(agreements),
+                exact / len(prompts),
+                full / tokens,
+                slim / tokens,
+                statistics.median(speeds),
             )
         )
         logger.info("%s", results[-1])
     return results
 
 
-def reference_outputs(pair: ModelPair, framework: DictConfig, verifier: DictConfig, prompts: list[torch.Tensor],
-                      max_new_tokens: int, progress: bool = True) -> list[GenerationResult]:
+def reference_outputs(
+    pair: ModelPair,
+    framework: DictConfig,
+    verifier: DictConfig,
+    prompts: list[torch.Tensor],
+    max_new_tokens: int,
+    progress: bool = True,
+) -> list[GenerationResult]:
     """The host loop's greedy generations with the tiers off (the same for every mask)."""
     decoder = build_decoder(framework, OmegaConf.merge(verifier, {"policy": None}), pair)
-    return [decoder.generate(ids, max_new_tokens, SamplingConfig(), pair.target.stop_token_ids)
-            for ids in tqdm(prompts, desc="reference (tiers off)", disable=not progress)]
+    return [
+        decoder.generate(ids, max_new_tokens, SamplingConfig(), pair.target.stop_token_ids)
+        for ids in tqdm(prompts, desc="reference (tiers off)", disable=not progress)
+    ]
 
 
 def host_cost(references: list[GenerationResult]) -> float:
     """Full forwards per generated token of the tiers-off host: what a slim tier must undercut."""
-    return sum(r.stats.model_calls["target"].calls for r in references) / max(1, sum(r.stats.new_tokens for r in references))
+    return sum(r.stats.model_calls["target"].calls for r in references) / max(
+        1, sum(r.stats.new_tokens for r in references)
+    )
 
 
 def choose(results: list[ThresholdResult], target_agreement: float) -> tuple[ThresholdResult, bool]:
@@ -113,9 +128,7 @@ def choose(results: list[ThresholdResult], target_agreement: float) -> tuple[Thr
     return min(meeting, key=lambda r: (verify_cost(r), -r.tau_accept, -r.tau_slim)), True
 
 
-def write_policy(
-    path: Path, best: ThresholdResult, met: bool, target_agreement: float, facts: dict
-) -> Path:
+def write_policy(path: Path, best: ThresholdResult, met: bool, target_agreement: float, facts: dict) -> Path:
     """A policy config (a `policy/` group file) holding the chosen thresholds and how they were chosen."""
     provenance = {
         "quality_target": f"token agreement with the lossless (tiers-off) greedy output >= {target_agreement}",

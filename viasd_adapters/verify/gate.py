@@ -87,8 +87,11 @@ def choose_gate(confidence: list[float], settled: list[bool], slim_ratio: float,
     tau, cost, passes = best
     n_settled = int(s.sum())
     return GateChoice(
-        min_confidence=float(tau), blocks=len(confidence), settled_share=n_settled / len(confidence),
+        min_confidence=float(tau),
+        blocks=len(confidence),
+        settled_share=n_settled / len(confidence),
         gated_share=float((~passes).double().mean()),
         lost_settled=float((s & ~passes).sum()) / n_settled if n_settled else 0.0,
-        cost_ungated=float(through_cost.mean()), cost_gated=cost,
+        cost_ungated=float(through_cost.mean()),
+        cost_gated=cost,
     )

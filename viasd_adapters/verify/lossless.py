@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from ..draft.base import DraftBlock
 from ..runner import CallStats, CausalLMRunner
 from ..sampling import Sampler
-from ..draft.base import DraftBlock
 from .acceptance import lossless_accept
 from .base import Verdict, Verifier
 from .policy import Tier

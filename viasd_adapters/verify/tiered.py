@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -15,8 +15,8 @@ from ..runner import CallStats, CausalLMRunner, common_prefix_length
 from ..sampling import Sampler
 from .acceptance import lossless_accept
 from .base import Verdict, Verifier
-from .gate import BlockGate
 from .decision import SlimScores, decide
+from .gate import BlockGate
 from .policy import Tier, TierPolicy
 from .tree import DraftTree, TreeJudge, TreeVerdict, decide_tree, judged, keep_path, score_tree
 
@@ -139,7 +139,8 @@ class TieredVerifier(Verifier):
         if self.policy is None or len(tree) == 0 or room <= 0:  # nothing the slim tier could settle
             return 0
         if self.gate is not None and not any(  # it would escalate anyway
-                self.gate.use_slim(tree.tokens[path], tree.draft_probs(self.vocab_size)[path]) for path in tree.paths):
+            self.gate.use_slim(tree.tokens[path], tree.draft_probs(self.vocab_size)[path]) for path in tree.paths
+        ):
             return 0
         return room
 
@@ -191,8 +192,9 @@ class TieredVerifier(Verifier):
         if room == 0:
             return judged(judge.judge(input_ids, tree, sampler), tree)
         if not isinstance(self.slim.model, SlimModel) or self.shared is not None:
-            raise ValueError("a draft tree is verified by a routed view of the target (no share_prefix, no"
-                             " independent middle model)")
+            raise ValueError(
+                "a draft tree is verified by a routed view of the target (no share_prefix, no independent middle model)"
+            )
 
         # 1. slim verify: one forward over the tree; 2. tiers 1-2 on the path u follows
         u_logits, features = score_tree(self.slim, input_ids, tree)  # [N + 1, V], [1, N + 1, H]

@@ -11,11 +11,10 @@ Terms: N drafts, P root-to-leaf paths, D the most drafts on a path, V vocab.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import cached_property
-
-import time
 
 import torch
 
@@ -197,7 +196,7 @@ def score_tree(runner: CausalLMRunner, input_ids: torch.Tensor, tree: DraftTree)
     positions, attend = tree.layout(start, T)  # [n], [n, n]
     if runner.step is not None:  # the compiled step: the tree is a mask over the cached positions too
         mask = torch.cat([attend.new_ones(len(new), start), attend], dim=1)  # [n, start + n]
-        features = runner.step(new, runner.cache, mask=mask, positions=positions)[None, -(len(tree) + 1):]
+        features = runner.step(new, runner.cache, mask=mask, positions=positions)[None, -(len(tree) + 1) :]
     else:
         state = model.run_layers(model.embed(new[None], start), runner.cache, tree=(positions, attend))
         features = model.normed(state, len(tree) + 1)  # [1, N + 1, H]
