@@ -116,40 +116,55 @@ def build_points(
     sweep: SweepConfig, methods: DictConfig, routing: dict[str, DictConfig], attention_share: float = 0.5
 ) -> list[Point]:
     """Expand the sweep into points, in run order. `routing`: mask name -> its routing config."""
-    points: list[Point] = []
-
-    def add(name, family, kind, param, base, verifier_overrides=None, mask=None, slim_layers=None):
-        verifier = OmegaConf.merge(base.verifier, verifier_overrides or {})
-        full = None
-        if mask is not None and verifier.get("share_prefix"):
-            from hydra.utils import instantiate
-
-            bound = instantiate(verifier.slim.mask, _convert_="all")  # random masks are drawn here, as at run time
-            p = min(bound.touched_layers) if bound.touched_layers else 0
-            full = float(bound.num_layers - p) if p else None
-        points.append(Point(name, family, kind, param, base.framework, verifier, mask, slim_layers, full))
-
-    for ref in sweep.references:
-        add(ref, ref.upper() if ref in ("ar", "sd") else ref, ref, None, _method(methods, ref))
+    points = [
+        _point(ref, ref.upper() if ref in ("ar", "sd") else ref, ref, None, _method(methods, ref))
+        for ref in sweep.references
+    ]
     missing = [m for m in sweep.masks if m not in routing]
     if missing:
         raise ValueError(f"routing masks {missing} are not loaded (files in conf/routing/)")
     labels = mask_labels(sweep.masks)
     for mask in sweep.masks:
-        node = _plain(routing[mask])
-        layers = layers_run(node, attention_share)
-        label = labels[mask]
-        base = _method(methods, sweep.via_sd)
-        for tau_accept, tau_slim in sweep.thresholds:
-            policy = {
-                "_target_": "viasd_adapters.verify.ConfidencePolicy",
-                "tau_accept": float(tau_accept),
-                "tau_draft": 0.0,
-                "tau_slim": float(tau_slim),
-            }
-            # Replace (not merge) the mask and policy: the base's may carry fields these lack.
-            overrides = OmegaConf.create({"slim": {"mask": node}, "policy": policy})
-            add(
+        points += _mask_points(sweep, methods, mask, _plain(routing[mask]), labels[mask], attention_share)
+    points += _cascade_points(sweep, methods)
+    _check_point_names(sweep, points)
+    return points
+
+
+def _point(name, family, kind, param, base, verifier_overrides=None, mask=None, slim_layers=None) -> Point:
+    """`base` (a composed method) with `verifier_overrides` merged into its verifier."""
+    verifier = OmegaConf.merge(base.verifier, verifier_overrides or {})
+    full = None
+    if mask is not None and verifier.get("share_prefix"):
+        from hydra.utils import instantiate
+
+        bound = instantiate(verifier.slim.mask, _convert_="all")  # random masks are drawn here, as at run time
+        p = min(bound.touched_layers) if bound.touched_layers else 0
+        full = float(bound.num_layers - p) if p else None
+    return Point(name, family, kind, param, base.framework, verifier, mask, slim_layers, full)
+
+
+def _confidence_policy(tau_accept, tau_slim) -> dict:
+    return {
+        "_target_": "viasd_adapters.verify.ConfidencePolicy",
+        "tau_accept": float(tau_accept),
+        "tau_draft": 0.0,
+        "tau_slim": float(tau_slim),
+    }
+
+
+def _mask_points(
+    sweep: SweepConfig, methods: DictConfig, mask: str, node: DictConfig, label: str, attention_share: float
+) -> list[Point]:
+    """VIA-SD on one routing mask at every threshold pair, then random skipping at its budget."""
+    layers = layers_run(node, attention_share)
+    base = _method(methods, sweep.via_sd)
+    points = []
+    for tau_accept, tau_slim in sweep.thresholds:
+        # Replace (not merge) the mask and policy: the base's may carry fields these lack.
+        overrides = OmegaConf.create({"slim": {"mask": node}, "policy": _confidence_policy(tau_accept, tau_slim)})
+        points.append(
+            _point(
                 f"via-sd[{label}]@{tau_accept:g}/{tau_slim:g}",
                 f"{VIA_SD} {label}",
                 "via-sd",
@@ -159,29 +174,31 @@ def build_points(
                 mask,
                 layers,
             )
-        if sweep.random_thresholds and (sweep.random_masks is None or mask in sweep.random_masks):
-            tau_accept, tau_slim = sweep.random_thresholds
-            random_mask = OmegaConf.merge(
-                node, {"_target_": "viasd_adapters.routing.RoutingMask.random_like", "seed": sweep.random_seed}
-            )
-            policy = {
-                "_target_": "viasd_adapters.verify.ConfidencePolicy",
-                "tau_accept": float(tau_accept),
-                "tau_draft": 0.0,
-                "tau_slim": float(tau_slim),
-            }
-            add(
+        )
+    if sweep.random_thresholds and (sweep.random_masks is None or mask in sweep.random_masks):
+        tau_accept, tau_slim = sweep.random_thresholds
+        random_mask = OmegaConf.merge(
+            node, {"_target_": "viasd_adapters.routing.RoutingMask.random_like", "seed": sweep.random_seed}
+        )
+        points.append(
+            _point(
                 f"random[{label}]@{tau_accept:g}/{tau_slim:g}",
                 "random skipping",
                 "random",
                 label,
                 base,
-                {"slim": {"mask": random_mask}, "policy": policy},
+                {"slim": {"mask": random_mask}, "policy": _confidence_policy(tau_accept, tau_slim)},
                 mask,
                 layers,
             )
-    for alpha in sweep.alphas:
-        add(
+        )
+    return points
+
+
+def _cascade_points(sweep: SweepConfig, methods: DictConfig) -> list[Point]:
+    """Faster Cascades at every alpha, Cascade SD, the independent middle model and the extra methods."""
+    points = [
+        _point(
             f"faster-cascade@{alpha:g}",
             FASTER_CASCADES,
             "faster-cascade",
@@ -189,19 +206,26 @@ def build_points(
             _method(methods, sweep.faster_cascade),
             {"alpha": float(alpha)},
         )
+        for alpha in sweep.alphas
+    ]
     if sweep.cascade:
-        add(sweep.cascade, CASCADE_SD, "cascade", None, _method(methods, sweep.cascade))
+        points.append(_point(sweep.cascade, CASCADE_SD, "cascade", None, _method(methods, sweep.cascade)))
     if sweep.intermediate:
-        add(
-            sweep.intermediate,
-            "independent 0.5B middle model",
-            "intermediate",
-            None,
-            _method(methods, sweep.intermediate),
-            slim_layers="draft",
+        points.append(
+            _point(
+                sweep.intermediate,
+                "independent 0.5B middle model",
+                "intermediate",
+                None,
+                _method(methods, sweep.intermediate),
+                slim_layers="draft",
+            )
         )
-    for name in sweep.extra:
-        add(name, name, name, None, _method(methods, name))
+    points += [_point(name, name, name, None, _method(methods, name)) for name in sweep.extra]
+    return points
+
+
+def _check_point_names(sweep: SweepConfig, points: list[Point]) -> None:
     names = [p.name for p in points]
     unknown = [g for g in sweep.gated if g not in names or not g.startswith("via-sd")]
     if unknown:
@@ -209,7 +233,6 @@ def build_points(
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ValueError(f"the sweep lists points {dupes} twice: drop the duplicate thresholds, alphas or methods")
-    return points
 
 
 def gated_point(point: Point, min_confidence: float) -> Point:

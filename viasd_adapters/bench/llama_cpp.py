@@ -6,7 +6,8 @@ by the target's tokenizer are fed to llama.cpp as ids and its tokens decode with
 tokenizer. It is a baseline, not a host: no draft, no verifier, nothing of VIA-SD.
 
 Install the extra: `pip install 'viasd-adapters[llama-cpp]'` (llama-cpp-python builds llama.cpp
-from source, about 13 minutes on 2 cores). Its build decides the instruction set llama.cpp uses.
+from source: 5 min 52 s for an AVX2-only build on 2 cores of an AMD EPYC). Its build decides the
+instruction set llama.cpp uses.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..models.offline import OFFLINE_MODELS, gguf_file
 from ..runner import CallStats
 from ..sampling import SamplingConfig
 
-INSTALL_HINT = "pip install 'viasd-adapters[llama-cpp]' (builds llama.cpp from source, ~13 min on 2 cores)"
+INSTALL_HINT = "pip install 'viasd-adapters[llama-cpp]' (builds llama.cpp from source: minutes)"
 
 
 class LlamaCppDecoder(Decoder):

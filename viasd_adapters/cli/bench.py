@@ -58,6 +58,35 @@ def run(cfg: DictConfig) -> BenchOutcome:
     check_config(cfg)
     started = datetime.datetime.now()
     run_id = started.strftime("%Y-%m-%d_%H-%M-%S")
+    _check_methods(cfg)
+    apply_routing_file(cfg)
+    settings = _settings(cfg)
+    task = instantiate(cfg.task, _convert_="all")
+    num_prompts = len(task.prompts())  # reads and validates the prompt file; the harness reads it again
+    sampling = instantiate(cfg.sampling)
+
+    out_dir = _fresh_out_dir(cfg, run_id)
+    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    set_threads(cfg.runtime.threads)
+    logger.info("task %s: %d prompts from %s", task.name, num_prompts, getattr(task, "prompts_file", task.name))
+
+    begin = time.perf_counter()
+    pair, methods = _load_methods(cfg)
+    load_seconds = time.perf_counter() - begin
+
+    harness = Harness(methods, pair.target, task, sampling, settings, _context(cfg, run_id))
+    begin = time.perf_counter()
+    records = _run_into(harness, out_dir / RECORDS)
+    bench_seconds = time.perf_counter() - begin
+
+    table = _write_tables(cfg, out_dir, harness, records)
+    meta = _meta(cfg, started, harness, records, load_seconds, bench_seconds)
+    (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
+    logger.info("wrote %d records and the report to %s", len(records), out_dir)
+    return BenchOutcome(out_dir, records, table)
+
+
+def _check_methods(cfg: DictConfig) -> None:
     if not cfg.method:
         raise ValueError("no method to run: pass method=[ar,sd,...] (files in conf/method/)")
     if cfg.get("ablation"):
@@ -68,8 +97,10 @@ def run(cfg: DictConfig) -> BenchOutcome:
         ]
         if missing := [m for m in named if m not in cfg.method]:
             raise ValueError(f"ablation names methods {missing} that are not in method=[...]: add them")
-    apply_routing_file(cfg)
-    settings = BenchSettings(
+
+
+def _settings(cfg: DictConfig) -> BenchSettings:
+    return BenchSettings(
         repetitions=cfg.repetitions,
         warmup=cfg.warmup,
         max_new_tokens=cfg.max_new_tokens,
@@ -79,28 +110,29 @@ def run(cfg: DictConfig) -> BenchOutcome:
         roles=OmegaConf.to_container(cfg.roles),
         progress=cfg.progress,
     )
-    task = instantiate(cfg.task, _convert_="all")
-    num_prompts = len(task.prompts())  # reads and validates the prompt file; the harness reads it again
-    sampling = instantiate(cfg.sampling)
 
+
+def _fresh_out_dir(cfg: DictConfig, run_id: str) -> Path:
     out_dir = Path(cfg.out_dir or f"outputs/bench/{run_id}")
     if (out_dir / RECORDS).exists():
         raise ValueError(f"{out_dir / RECORDS} exists already: pick a fresh out_dir")
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    set_threads(cfg.runtime.threads)
-    logger.info("task %s: %d prompts from %s", task.name, num_prompts, getattr(task, "prompts_file", task.name))
+    return out_dir
 
-    begin = time.perf_counter()
+
+def _load_methods(cfg: DictConfig) -> tuple:
+    """The model pair (the draft only if a method needs it) and every method's decoder on it."""
     needs_draft = any(uses_draft_model(m.framework.drafter, m.verifier) for m in cfg.method.values())
     pair = load_pair(cfg.model_pair, with_draft=needs_draft)
     methods = [
         Method(name, build_decoder(m.framework, m.verifier, pair), threads=m.get("threads"), kind=m.framework.name)
         for name, m in cfg.method.items()
     ]
-    load_seconds = time.perf_counter() - begin
+    return pair, methods
 
-    context = {
+
+def _context(cfg: DictConfig, run_id: str) -> dict:
+    return {
         "run_id": run_id,
         "model_pair": cfg.model_pair.name,
         "dtype": cfg.runtime.dtype,
@@ -108,18 +140,22 @@ def run(cfg: DictConfig) -> BenchOutcome:
         "device": cfg.runtime.device,
         "hardware": device_label(cfg.runtime.device),  # CPU model, instruction sets, cores (or the GPU)
     }
-    harness = Harness(methods, pair.target, task, sampling, settings, context)
-    begin = time.perf_counter()
-    with (out_dir / RECORDS).open("w", encoding="utf-8") as f:
+
+
+def _run_into(harness: Harness, path: Path) -> list[dict]:
+    """Run the harness, writing each record to `path` as it finishes."""
+    with path.open("w", encoding="utf-8") as f:
 
         def sink(record: dict) -> None:
             f.write(json.dumps(record) + "\n")
             f.flush()
 
-        records = harness.run(sink)
-    bench_seconds = time.perf_counter() - begin
+        return harness.run(sink)
 
-    title = f"{task.name} on {cfg.model_pair.name} ({cfg.runtime.dtype}, {context['hardware']})"
+
+def _write_tables(cfg: DictConfig, out_dir: Path, harness: Harness, records: list[dict]) -> str:
+    """table.md, summary.json and the plots; returns the Markdown table."""
+    title = f"{harness.task.name} on {cfg.model_pair.name} ({cfg.runtime.dtype}, {harness.context['hardware']})"
     table, summary = build_report(records, harness.settings.baseline, harness.settings.host, title)
     if cfg.get("ablation"):
         spec = cfg.ablation
@@ -133,8 +169,20 @@ def run(cfg: DictConfig) -> BenchOutcome:
     if cfg.plots:
         plots.speedup_vs_quality(records, out_dir / "speedup_quality.png")
         plots.tier_shares(records, out_dir / "tier_shares.png")
-    meta = {
-        "run_id": run_id,
+    return table
+
+
+def _meta(
+    cfg: DictConfig,
+    started: datetime.datetime,
+    harness: Harness,
+    records: list[dict],
+    load_seconds: float,
+    bench_seconds: float,
+) -> dict:
+    task = harness.task
+    return {
+        "run_id": harness.context["run_id"],
         "started": started.isoformat(timespec="seconds"),
         "command": " ".join(sys.argv),
         "model_pair": cfg.model_pair.name,
@@ -148,15 +196,12 @@ def run(cfg: DictConfig) -> BenchOutcome:
         "machine": {
             "platform": platform.platform(),
             "cpu": cpu_info().to_dict(),  # model name, instruction sets (AMX / AVX-512 / AVX2), cores
-            "hardware": context["hardware"],
+            "hardware": harness.context["hardware"],
             "torch_threads": torch.get_num_threads(),  # the process default; methods may set their own
-            "method_threads": {m.name: m.threads for m in methods},
+            "method_threads": {m.name: m.threads for m in harness.methods},
         },
         "versions": _versions(),
     }
-    (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
-    logger.info("wrote %d records and the report to %s", len(records), out_dir)
-    return BenchOutcome(out_dir, records, table)
 
 
 @entry_point("bench")

@@ -249,23 +249,8 @@ def run(cfg: DictConfig) -> str:
     out_dir = Path(cfg.out_dir)
     sweep: SweepConfig = instantiate(cfg.sweep, _convert_="all")
     routing = load_routing(sweep.masks)
-
-    settings = BenchSettings(
-        repetitions=cfg.repetitions,
-        warmup=0,
-        chat_template=cfg.chat_template,
-        baseline=sweep.references[0],
-        host=sweep.references[1] if len(sweep.references) > 1 else None,
-        roles=OmegaConf.to_container(cfg.roles),
-        progress=cfg.progress,
-    )
-    tasks = {key: instantiate(node, _convert_="all") for key, node in cfg.tasks.items()}
-    only = list(cfg.only) if cfg.only else list(tasks)
-    unknown = [k for k in only if k not in tasks]
-    if unknown:
-        raise ValueError(f"only={unknown}: not tasks of this config ({list(tasks)})")
-    for key in only:
-        tasks[key].prompts()  # read and check every prompt file before any model loads
+    settings = _settings(cfg, sweep)
+    tasks, only = _checked_tasks(cfg)
     sampling = instantiate(cfg.sampling)
     out_dir.mkdir(parents=True, exist_ok=True)
     if cfg.report_only:
@@ -279,12 +264,55 @@ def run(cfg: DictConfig) -> str:
     pending = {k: ids for k, ids in pending.items() if ids}
     if pending and cfg.measure_costs:
         first = tasks[next(iter(pending))]
-        shortest = min(
-            (encode_prompt(pair.target, p.text, cfg.chat_template) for p in first.prompts()), key=lambda x: x.shape[1]
-        )
-        measure_costs(cfg, out_dir, pair, routing, shortest)
+        measure_costs(cfg, out_dir, pair, routing, _shortest_prompt(pair, first, cfg.chat_template))
     if sweep.gated:
         points += calibrate_gates(cfg, out_dir, pair, [p for p in points if p.name in sweep.gated])
+    _write_points(out_dir, points)
+    methods = [Method(p.name, build_decoder(p.framework, p.verifier, pair)) for p in points]
+    ran = _run_pending(cfg, out_dir, pair, methods, tasks, pending, sampling, settings)
+    meta = {
+        "cpu": cpu_info().model,
+        "platform": platform.platform(),
+        "torch_threads": torch.get_num_threads(),
+        "points": len(points),
+        "tasks": list(tasks),
+        "ran": ran,
+    }
+    (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
+    return write_report(cfg, out_dir, points)
+
+
+def _settings(cfg: DictConfig, sweep: SweepConfig) -> BenchSettings:
+    return BenchSettings(
+        repetitions=cfg.repetitions,
+        warmup=0,
+        chat_template=cfg.chat_template,
+        baseline=sweep.references[0],
+        host=sweep.references[1] if len(sweep.references) > 1 else None,
+        roles=OmegaConf.to_container(cfg.roles),
+        progress=cfg.progress,
+    )
+
+
+def _checked_tasks(cfg: DictConfig) -> tuple[dict[str, Task], list[str]]:
+    """Every task of the config and the keys this run may decode (`only`), their prompt files
+    read and checked before any model loads."""
+    tasks = {key: instantiate(node, _convert_="all") for key, node in cfg.tasks.items()}
+    only = list(cfg.only) if cfg.only else list(tasks)
+    unknown = [k for k in only if k not in tasks]
+    if unknown:
+        raise ValueError(f"only={unknown}: not tasks of this config ({list(tasks)})")
+    for key in only:
+        tasks[key].prompts()
+    return tasks, only
+
+
+def _shortest_prompt(pair, task: Task, chat_template) -> torch.Tensor:
+    return min((encode_prompt(pair.target, p.text, chat_template) for p in task.prompts()), key=lambda x: x.shape[1])
+
+
+def _write_points(out_dir: Path, points) -> None:
+    """points.json: what a report-only run cannot rebuild without the model (the slim depths)."""
     (out_dir / "points.json").write_text(
         json.dumps(
             [
@@ -302,7 +330,20 @@ def run(cfg: DictConfig) -> str:
             indent=1,
         )
     )
-    methods = [Method(p.name, build_decoder(p.framework, p.verifier, pair)) for p in points]
+
+
+def _run_pending(
+    cfg: DictConfig,
+    out_dir: Path,
+    pair,
+    methods: list[Method],
+    tasks: dict[str, Task],
+    pending: dict[str, list[str]],
+    sampling,
+    settings: BenchSettings,
+) -> dict[str, list[str]]:
+    """Decode the pending prompts of each task, at most `chunk_prompts` of them in all, appending
+    to its records file; returns the ids decoded per task."""
     context = {
         "model_pair": cfg.model_pair.name,
         "dtype": cfg.runtime.dtype,
@@ -318,13 +359,9 @@ def run(cfg: DictConfig) -> str:
         ids = ids[:budget] if budget is not None else ids
         task = _Subset(tasks[key], ids)
         if not ran:  # settle allocators and kernels for every point, untimed, once per process
-            shortest = min(
-                (encode_prompt(pair.target, p.text, cfg.chat_template) for p in task.prompts()),
-                key=lambda x: x.shape[1],
-            )
+            shortest = _shortest_prompt(pair, task, cfg.chat_template)
             for m in methods:
                 m.decoder.generate(shortest, int(cfg.warmup_tokens), sampling, pair.target.stop_token_ids)
-        path = _records_path(out_dir, key)
         begin = time.perf_counter()
         harness = Harness(
             methods,
@@ -334,21 +371,12 @@ def run(cfg: DictConfig) -> str:
             BenchSettings(**{**asdict(settings), "max_new_tokens": task.max_new_tokens or 64}),
             context,
         )
-        with path.open("a", encoding="utf-8") as f:
+        with _records_path(out_dir, key).open("a", encoding="utf-8") as f:
             harness.run(lambda record: (f.write(json.dumps(record) + "\n"), f.flush()))
         ran[key] = ids
         budget = None if budget is None else budget - len(ids)
         logger.info("task %s: prompts %s, %.0f s", key, ids, time.perf_counter() - begin)
-    meta = {
-        "cpu": cpu_info().model,
-        "platform": platform.platform(),
-        "torch_threads": torch.get_num_threads(),
-        "points": len(points),
-        "tasks": list(tasks),
-        "ran": ran,
-    }
-    (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
-    return write_report(cfg, out_dir, points)
+    return ran
 
 
 def _points_from_run(sweep: SweepConfig, cfg: DictConfig, routing, out_dir: Path):

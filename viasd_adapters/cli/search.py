@@ -32,8 +32,10 @@ from ..routing import RoutingMask
 from ..search import (
     Baselines,
     Budget,
+    CalibratedTarget,
     CalibrationConfig,
     ExpectedCost,
+    MaskMetrics,
     MaskSpace,
     SearchConfig,
     SearchResult,
@@ -67,23 +69,12 @@ def run(cfg: DictConfig) -> SearchOutput:
     check_config(cfg)
     set_threads(cfg.runtime.threads)
     search_cfg = SearchConfig(**OmegaConf.to_container(cfg.search.config, resolve=True))
-    expected_cfg = cfg.search.get("expected")
-    if search_cfg.cost == "expected" and not (expected_cfg and expected_cfg.get("profile")):
-        raise ValueError(
-            "search.config.cost=expected needs search.expected.profile=PATH (a latency profile of"
-            " this device with the target and slim views: viasd-costmodel mode=profile)"
-        )
-    target = cfg.model_pair.target
-    profile = (
-        CostModel.fit(load_profile(expected_cfg.profile), target.name, dtype=target.dtype)
-        if search_cfg.cost == "expected"
-        else None
-    )
+    profile = _expected_profile(cfg, search_cfg.cost)
     known = _known_seeds(list(cfg.search.seeds))  # a missing mask fails before the model loads
     loaded = load_model(instantiate(cfg.model_pair.target, _convert_="all"))
     expected = None
     if profile is not None:
-        fields = {k: v for k, v in OmegaConf.to_container(expected_cfg, resolve=True).items() if k != "profile"}
+        fields = {k: v for k, v in OmegaConf.to_container(cfg.search.expected, resolve=True).items() if k != "profile"}
         expected = ExpectedCost(profile, attention_share(loaded.model), **fields)
     calibrated = prepare_target(
         loaded,
@@ -92,99 +83,21 @@ def run(cfg: DictConfig) -> SearchOutput:
         cfg.progress,
         expected,
     )
-    L, model = calibrated.num_layers, calibrated.model_name
     budget = Budget(**OmegaConf.to_container(cfg.search.budget, resolve=True))
-    share = attention_share(loaded.model)
-    objective = calibrated.objective
 
     # Baselines first: they seed and narrow the search and go in the report.
-    baselines = Baselines()
-    if cfg.search.baselines.sensitivity:
-        baselines.sensitivity = sensitivity(objective, L, sub_blocks=budget.unit == "blocks", progress=cfg.progress)
-    given = cfg.search.get("candidates")
-    candidates = _candidates(given, baselines, budget.unit, search_cfg.cost)
-    space = MaskSpace(L, budget, share, model, candidates)
-    greedy_steps = int(cfg.search.baselines.greedy or 0)
-    if greedy_steps:
-        pool = None if candidates is None else sorted({i for _, i in candidates})
-        baselines.greedy = greedy_removal(objective, L, greedy_steps, search_cfg.cost, model, cfg.progress, pool)
+    baselines, candidates, space = _baselines_and_space(cfg, calibrated, budget, search_cfg.cost)
     seeds = _seed_masks(list(cfg.search.seeds), known, space, baselines, search_cfg.cost)
     baseline_seconds = time.perf_counter() - begin
 
     out_dir = Path(cfg.out_dir)
     result = run_search(
-        objective, space, search_cfg, out_dir / "trials.pkl", [m for _, m in seeds], progress=cfg.progress
+        calibrated.objective, space, search_cfg, out_dir / "trials.pkl", [m for _, m in seeds], progress=cfg.progress
     )
     best = result.best
-    evaluation_seconds = sum(t.metrics.seconds for t in _unique(result.trials))
-    provenance = {
-        "method": "DIMR: random search, then hyperopt TPE",
-        "model": model,
-        "dtype": loaded.spec.dtype,
-        "budget": {"unit": budget.unit, "amount": budget.amount},
-        "budget_text": budget.describe(),
-        "cost": search_cfg.cost,
-        "expected_cost": None
-        if expected is None
-        else {
-            "settled": round(best.metrics.settled, 4),
-            "wrong": round(best.metrics.wrong, 4),
-            "block_cost": round(best.metrics.block_cost, 4),
-            "expected": round(best.metrics.expected, 4),
-            "profile": profile.device,
-            "tau_accept": expected.tau_accept,
-            "tau_slim": expected.tau_slim,
-            "block": expected.block,
-            "max_wrong": expected.max_wrong,
-            "penalty": expected.penalty,
-            "share_prefix": expected.share_prefix,
-        },
-        "kl": round(best.metrics.kl, 5),
-        "top1": round(best.metrics.top1, 4),
-        "skipped_cost_layers": round(space.cost_of(best.mask), 3),
-        "candidates": None if candidates is None else [f"{kind}{i}" for kind, i in candidates],
-        "candidates_text": None
-        if candidates is None
-        else f"{len(candidates)} {'least sensitive' if isinstance(given, int) else 'given'}: "
-        + ", ".join(f"{kind[0]}{i}" for kind, i in sorted(candidates, key=lambda b: b[1])),
-        "calibration": calibrated.calibration.description | {"scored_positions": calibrated.calibration.num_scored},
-        "calibration_text": f"{calibrated.calibration.description['split']} split, "
-        f"{len(calibrated.calibration.texts)} texts, {calibrated.calibration.num_scored} scored positions",
-        "trials": {p: len(result.of_phase(p)) for p in ("seed", "random", "tpe")},
-        # greedy among them: the found mask cannot be worse than greedy removal on this text
-        "seeds": [kind for kind, _ in seeds],
-        "trials_text": ", ".join(f"{len(result.of_phase(p))} {p}" for p in ("seed", "random", "tpe")),
-        "evaluations": len(_unique(result.trials)),
-        # What the trials' masks cost to evaluate (cache hits counted at their original cost),
-        # and the wall time of this run (baselines and search; a resumed run counts only itself).
-        "search_seconds": round(evaluation_seconds, 1),
-        "wall_seconds": round(time.perf_counter() - begin, 1),
-        "baseline_seconds": round(baseline_seconds, 1),
-        "search_config": OmegaConf.to_container(cfg.search.config, resolve=True),
-        "date": datetime.date.today().isoformat(),
-        "versions": {p: importlib.metadata.version(p) for p in ("torch", "transformers", "hyperopt")},
-        "threads": torch.get_num_threads(),
-        "command": " ".join(["viasd-search", *sys.argv[1:]])
-        if sys.argv and Path(sys.argv[0]).name in ("viasd-search", "search.py")
-        else None,  # console script or -m
-    }
-    greedy = baselines.greedy_at(len(best.mask.skip_layers)) if best.mask.is_layer_mask else None
-    if greedy is not None:
-        provenance["greedy"] = {
-            "skip_layers": list(greedy.mask.skip_layers),
-            "kl": round(greedy.metrics.kl, 5),
-            "top1": round(greedy.metrics.top1, 4),
-        }
-    random = result.of_phase("random")
-    if random:
-        from ..search.report import random_summary
-
-        s = random_summary([t.metrics for t in random])
-        provenance["random_median"] = {
-            "count": s["count"],
-            "kl": round(s["kl"]["median"], 5),
-            "top1": round(s["top1"]["median"], 4),
-        }
+    provenance = _provenance(cfg, calibrated, space, result, expected, candidates, seeds, begin, baseline_seconds)
+    provenance |= _baselines_provenance(baselines, result)
+    L, model = calibrated.num_layers, calibrated.model_name
     mask = RoutingMask(
         *best.mask.skips,
         num_layers=L,
@@ -207,6 +120,133 @@ def run(cfg: DictConfig) -> SearchOutput:
             shutil.copy(out_dir / file, docs / file)
     logger.info("found %s: kl %.4f top1 %.3f -> %s", mask.describe(), best.metrics.kl, best.metrics.top1, mask_path)
     return SearchOutput(mask, result, baselines, mask_path, report_path, installed, f"routing={name}")
+
+
+def _expected_profile(cfg: DictConfig, cost: str) -> CostModel | None:
+    """The device's cost model the "expected" cost prices masks with (None under other costs)."""
+    if cost != "expected":
+        return None
+    expected_cfg = cfg.search.get("expected")
+    if not (expected_cfg and expected_cfg.get("profile")):
+        raise ValueError(
+            "search.config.cost=expected needs search.expected.profile=PATH (a latency profile of"
+            " this device with the target and slim views: viasd-costmodel mode=profile)"
+        )
+    target = cfg.model_pair.target
+    return CostModel.fit(load_profile(expected_cfg.profile), target.name, dtype=target.dtype)
+
+
+def _baselines_and_space(
+    cfg: DictConfig, calibrated: CalibratedTarget, budget: Budget, cost: str
+) -> tuple[Baselines, list[tuple[str, int]] | None, MaskSpace]:
+    """The configured baselines, the candidate blocks (narrowed by sensitivity when asked) and the
+    space of masks the search draws from."""
+    L, objective = calibrated.num_layers, calibrated.objective
+    baselines = Baselines()
+    if cfg.search.baselines.sensitivity:
+        baselines.sensitivity = sensitivity(objective, L, sub_blocks=budget.unit == "blocks", progress=cfg.progress)
+    candidates = _candidates(cfg.search.get("candidates"), baselines, budget.unit, cost)
+    space = MaskSpace(L, budget, attention_share(calibrated.loaded.model), calibrated.model_name, candidates)
+    greedy_steps = int(cfg.search.baselines.greedy or 0)
+    if greedy_steps:
+        pool = None if candidates is None else sorted({i for _, i in candidates})
+        baselines.greedy = greedy_removal(objective, L, greedy_steps, cost, calibrated.model_name, cfg.progress, pool)
+    return baselines, candidates, space
+
+
+def _provenance(
+    cfg: DictConfig,
+    calibrated: CalibratedTarget,
+    space: MaskSpace,
+    result: SearchResult,
+    expected: ExpectedCost | None,
+    candidates: list[tuple[str, int]] | None,
+    seeds: list[tuple[str, RoutingMask]],
+    begin: float,
+    baseline_seconds: float,
+) -> dict:
+    """How the mask was found, for the mask file and the report (keys ending in "_text": the report's only)."""
+    best, budget, calibration = result.best, space.budget, calibrated.calibration
+    evaluation_seconds = sum(t.metrics.seconds for t in _unique(result.trials))
+    return {
+        "method": "DIMR: random search, then hyperopt TPE",
+        "model": calibrated.model_name,
+        "dtype": calibrated.loaded.spec.dtype,
+        "budget": {"unit": budget.unit, "amount": budget.amount},
+        "budget_text": budget.describe(),
+        "cost": result.config.cost,
+        "expected_cost": None if expected is None else _expected_provenance(expected, best.metrics),
+        "kl": round(best.metrics.kl, 5),
+        "top1": round(best.metrics.top1, 4),
+        "skipped_cost_layers": round(space.cost_of(best.mask), 3),
+        "candidates": None if candidates is None else [f"{kind}{i}" for kind, i in candidates],
+        "candidates_text": None if candidates is None else _candidates_text(candidates, cfg.search.get("candidates")),
+        "calibration": calibration.description | {"scored_positions": calibration.num_scored},
+        "calibration_text": f"{calibration.description['split']} split, "
+        f"{len(calibration.texts)} texts, {calibration.num_scored} scored positions",
+        "trials": {p: len(result.of_phase(p)) for p in ("seed", "random", "tpe")},
+        # greedy among them: the found mask cannot be worse than greedy removal on this text
+        "seeds": [kind for kind, _ in seeds],
+        "trials_text": ", ".join(f"{len(result.of_phase(p))} {p}" for p in ("seed", "random", "tpe")),
+        "evaluations": len(_unique(result.trials)),
+        # What the trials' masks cost to evaluate (cache hits counted at their original cost),
+        # and the wall time of this run (baselines and search; a resumed run counts only itself).
+        "search_seconds": round(evaluation_seconds, 1),
+        "wall_seconds": round(time.perf_counter() - begin, 1),
+        "baseline_seconds": round(baseline_seconds, 1),
+        "search_config": OmegaConf.to_container(cfg.search.config, resolve=True),
+        "date": datetime.date.today().isoformat(),
+        "versions": {p: importlib.metadata.version(p) for p in ("torch", "transformers", "hyperopt")},
+        "threads": torch.get_num_threads(),
+        "command": " ".join(["viasd-search", *sys.argv[1:]])
+        if sys.argv and Path(sys.argv[0]).name in ("viasd-search", "search.py")
+        else None,  # console script or -m
+    }
+
+
+def _expected_provenance(expected: ExpectedCost, metrics: MaskMetrics) -> dict:
+    return {
+        "settled": round(metrics.settled, 4),
+        "wrong": round(metrics.wrong, 4),
+        "block_cost": round(metrics.block_cost, 4),
+        "expected": round(metrics.expected, 4),
+        "profile": expected.profile.device,
+        "tau_accept": expected.tau_accept,
+        "tau_slim": expected.tau_slim,
+        "block": expected.block,
+        "max_wrong": expected.max_wrong,
+        "penalty": expected.penalty,
+        "share_prefix": expected.share_prefix,
+    }
+
+
+def _candidates_text(candidates: list[tuple[str, int]], given) -> str:
+    return f"{len(candidates)} {'least sensitive' if isinstance(given, int) else 'given'}: " + ", ".join(
+        f"{kind[0]}{i}" for kind, i in sorted(candidates, key=lambda b: b[1])
+    )
+
+
+def _baselines_provenance(baselines: Baselines, result: SearchResult) -> dict:
+    """Greedy removal's mask of the same size and the median random mask, beside the found one."""
+    best, out = result.best, {}
+    greedy = baselines.greedy_at(len(best.mask.skip_layers)) if best.mask.is_layer_mask else None
+    if greedy is not None:
+        out["greedy"] = {
+            "skip_layers": list(greedy.mask.skip_layers),
+            "kl": round(greedy.metrics.kl, 5),
+            "top1": round(greedy.metrics.top1, 4),
+        }
+    random = result.of_phase("random")
+    if random:
+        from ..search.report import random_summary
+
+        s = random_summary([t.metrics for t in random])
+        out["random_median"] = {
+            "count": s["count"],
+            "kl": round(s["kl"]["median"], 5),
+            "top1": round(s["top1"]["median"], 4),
+        }
+    return out
 
 
 def mask_name(cfg: DictConfig) -> str:

@@ -81,11 +81,34 @@ def write_report(
     """report.md, best_cost.png and trials.jsonl in `out_dir`; returns the report's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     best = result.best
-    k = len(mask.skip_layers)
-    greedy = baselines.greedy_at(k) if mask.is_layer_mask else None
+    greedy = baselines.greedy_at(len(mask.skip_layers)) if mask.is_layer_mask else None
     title = f"DIMR on {provenance.get('model')}: {provenance['budget_text']}"
     plot_best_cost(result, out_dir / "best_cost.png", title, greedy.metrics if greedy else None)
-    with open(out_dir / "trials.jsonl", "w") as f:
+    _write_trials(result, out_dir / "trials.jsonl")
+
+    lines = [f"# {title}", ""]
+    lines += _provenance_table(provenance)
+    lines += _comparison(mask, result, greedy, provenance)
+    lines += [
+        "",
+        f"Best found at trial {best.number} ({best.phase} phase) of {len(result.trials)}.",
+        "",
+        "## Best cost per trial",
+        "",
+        "![best cost per trial](best_cost.png)",
+        "",
+    ]
+    if baselines.sensitivity is not None:
+        lines += _sensitivity_table(mask, baselines)
+    if baselines.greedy:
+        lines += _greedy_path(baselines.greedy)
+    path = out_dir / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _write_trials(result: SearchResult, path: Path) -> None:
+    with open(path, "w") as f:
         for t in result.trials:
             f.write(
                 json.dumps(
@@ -100,8 +123,9 @@ def write_report(
                 + "\n"
             )
 
-    lines = [f"# {title}", ""]
-    lines += ["| | |", "|---|---|"]
+
+def _provenance_table(provenance: dict) -> list[str]:
+    lines = ["| | |", "|---|---|"]
     for key in (
         "model",
         "dtype",
@@ -118,7 +142,13 @@ def write_report(
     ):
         if provenance.get(key) is not None:
             lines.append(f"| {key.replace('_text', '')} | {provenance[key]} |")
-    lines += [
+    return lines
+
+
+def _comparison(mask: RoutingMask, result: SearchResult, greedy: GreedyStep | None, provenance: dict) -> list[str]:
+    """The found mask against greedy removal, the random trials and the seeds."""
+    best = result.best
+    lines = [
         "",
         "## Found mask vs baselines (calibration text)",
         "",
@@ -155,56 +185,52 @@ def write_report(
             "Seed masks (evaluated first): "
             + "; ".join(f"{t.mask.describe()} ({result.config.cost} {t.loss:.4f})" for t in seeds),
         ]
-    lines += [
-        "",
-        f"Best found at trial {best.number} ({best.phase} phase) of {len(result.trials)}.",
-        "",
-        "## Best cost per trial",
-        "",
-        "![best cost per trial](best_cost.png)",
-        "",
-    ]
+    return lines
 
+
+def _sensitivity_table(mask: RoutingMask, baselines: Baselines) -> list[str]:
+    """One row per layer: each block skipped alone, whether the found mask skips it, and the
+    greedy step that removed it."""
     sens = baselines.sensitivity
-    if sens is not None:
-        order = {}
-        if baselines.greedy:
-            order = {_last_added(baselines.greedy, j): j + 1 for j in range(len(baselines.greedy))}
-        head = "| layer | skip layer: KL | top-1 |"
-        rule = "|---|---|---|"
-        if sens.attention is not None:
-            head += " skip attention: KL | top-1 | skip MLP: KL | top-1 |"
-            rule += "---|---|---|---|"
-        head += " in found mask | greedy step |"
-        rule += "---|---|"
-        lines += [
-            "## Per-layer sensitivity",
-            "",
-            "Each row skips one block alone (calibration text); lower KL = safer to skip.",
-            "",
-            head,
-            rule,
-        ]
-        for i, m in enumerate(sens.layer):
-            row = f"| {i} | {_fmt(m)} |"
-            if sens.attention is not None:
-                row += f" {_fmt(sens.attention[i])} | {_fmt(sens.mlp[i])} |"
-            found = (
-                "layer"
-                if i in mask.skip_layers
-                else ("attention" if i in mask.skip_attention else ("mlp" if i in mask.skip_mlp else ""))
-            )
-            row += f" {found} | {order.get(i, '')} |"
-            lines.append(row)
-        lines.append("")
+    order = {}
     if baselines.greedy:
-        lines += ["## Greedy removal path", "", "| step | layers removed | KL(q‖u) | top-1 |", "|---|---|---|---|"]
-        for j, step in enumerate(baselines.greedy):
-            lines.append(f"| {j + 1} | {format_layers(step.mask.skip_layers)} | {_fmt(step.metrics)} |")
-        lines.append("")
-    path = out_dir / "report.md"
-    path.write_text("\n".join(lines))
-    return path
+        order = {_last_added(baselines.greedy, j): j + 1 for j in range(len(baselines.greedy))}
+    head = "| layer | skip layer: KL | top-1 |"
+    rule = "|---|---|---|"
+    if sens.attention is not None:
+        head += " skip attention: KL | top-1 | skip MLP: KL | top-1 |"
+        rule += "---|---|---|---|"
+    head += " in found mask | greedy step |"
+    rule += "---|---|"
+    lines = [
+        "## Per-layer sensitivity",
+        "",
+        "Each row skips one block alone (calibration text); lower KL = safer to skip.",
+        "",
+        head,
+        rule,
+    ]
+    for i, m in enumerate(sens.layer):
+        row = f"| {i} | {_fmt(m)} |"
+        if sens.attention is not None:
+            row += f" {_fmt(sens.attention[i])} | {_fmt(sens.mlp[i])} |"
+        found = (
+            "layer"
+            if i in mask.skip_layers
+            else ("attention" if i in mask.skip_attention else ("mlp" if i in mask.skip_mlp else ""))
+        )
+        row += f" {found} | {order.get(i, '')} |"
+        lines.append(row)
+    lines.append("")
+    return lines
+
+
+def _greedy_path(path: list[GreedyStep]) -> list[str]:
+    lines = ["## Greedy removal path", "", "| step | layers removed | KL(q‖u) | top-1 |", "|---|---|---|---|"]
+    for j, step in enumerate(path):
+        lines.append(f"| {j + 1} | {format_layers(step.mask.skip_layers)} | {_fmt(step.metrics)} |")
+    lines.append("")
+    return lines
 
 
 def _expected_cost_table(best, seeds, random: list[MaskMetrics]) -> list[str]:

@@ -463,89 +463,94 @@ def train_head(
 ) -> tuple:
     """Train eagle-llm's head on the feature shards in `folder` (streamed); returns (head, steps,
     eval top-1, train sequences, history)."""
-    from viasd_adapters.third_party.eagle import build_head
-
     torch.manual_seed(cfg.seed)
     train = ShardStream(folder, manifest, "train", cfg.seed)
     held_out = ShardStream(folder, manifest, "heldout", cfg.seed).all()
     held_top1 = target_top1(target_model.get_output_embeddings(), held_out)
 
-    head = build_head(head_cfg).float()
-    head.gradient_checkpointing = False  # eagle-llm turns it on; on a CPU it only costs time
-    # The target's embeddings and LM head, frozen (float32 copies; an int8 head dequantised).
-    embeddings = target_model.get_input_embeddings().weight.detach().float()
+    head = _new_head(target_model, head_cfg)
     lm_rows, vocab_ids = _distribution_rows(target_model, cfg)  # [N, H], [N] or None
-    head.embed_tokens.weight = torch.nn.Parameter(embeddings, requires_grad=False)
     params = [p for n, p in head.named_parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg))
     step, history, cursor = 0, [], (0, 0)
     ckpt = out_dir / CHECKPOINT
     if resume and ckpt.is_file():
-        state = torch.load(ckpt, weights_only=False)
-        head.load_state_dict({**state["head"], "embed_tokens.weight": head.embed_tokens.weight}, strict=True)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["torch_rng"])
-        step, history, cursor = state["step"], state["history"], tuple(state["cursor"])
-        logger.info("resumed from %s at step %d (epoch %d, sequence %d)", ckpt, step, *cursor)
+        step, history, cursor = _resume(ckpt, head, optimizer, scheduler)
     head.train()
     batches = _batches(train, cfg.batch_tokens, *cursor)
     bar = tqdm(total=cfg.steps, initial=step, desc="train", disable=not progress)
     top1_eval = next((h["eval_top1"] for h in reversed(history) if "eval_top1" in h), float("nan"))
     while step < cfg.steps:
         batch, cursor = next(batches)
-        features_b, tokens, targets, attention, loss_mask = _collate(batch)
-        vloss, ploss, top1 = _losses(
-            head,
-            lm_rows,
-            features_b,
-            tokens,
-            targets,
-            attention,
-            loss_mask,
-            cfg,
-            noise=True,
-            p_positions=cfg.p_positions,
-        )
-        loss = cfg.v_weight * vloss + cfg.p_weight * ploss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        optimizer.step()
-        scheduler.step()
+        losses = _train_step(head, lm_rows, batch, cfg, params, optimizer, scheduler)
         step += 1
         bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{top1.item():.2f}")
-        record = {
-            "step": step,
-            "loss": loss.item(),
-            "vloss": vloss.item(),
-            "ploss": ploss.item(),
-            "top1": top1.item(),
-            "epoch": cursor[0],
-        }
+        bar.set_postfix(loss=f"{losses['loss']:.3f}", top1=f"{losses['top1']:.2f}")
+        record = {"step": step, **losses, "epoch": cursor[0]}
         if step % cfg.eval_every == 0 or step == cfg.steps:
             top1_eval = evaluate(head, lm_rows, vocab_ids, held_out, held_top1)
             record["eval_top1"] = top1_eval
-            logger.info("step %d: loss %.4f, held-out top-1 %.3f", step, loss.item(), top1_eval)
+            logger.info("step %d: loss %.4f, held-out top-1 %.3f", step, losses["loss"], top1_eval)
         history.append(record)
         if step % cfg.save_every == 0 or step == cfg.steps:
-            _atomic_save(
-                {
-                    "head": {k: v for k, v in head.state_dict().items() if k != "embed_tokens.weight"},
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "torch_rng": torch.get_rng_state(),
-                    "cursor": list(cursor),
-                    "step": step,
-                    "history": history,
-                },
-                ckpt,
-            )
+            _save_checkpoint(ckpt, head, optimizer, scheduler, cursor, step, history)
     bar.close()
     head.eval()
     return head, step, top1_eval, len(train), history
+
+
+def _new_head(target_model, head_cfg: dict) -> torch.nn.Module:
+    """eagle-llm's head, in float32, on the target's frozen embeddings (an int8 model's dequantised)."""
+    from viasd_adapters.third_party.eagle import build_head
+
+    head = build_head(head_cfg).float()
+    head.gradient_checkpointing = False  # eagle-llm turns it on; on a CPU it only costs time
+    embeddings = target_model.get_input_embeddings().weight.detach().float()
+    head.embed_tokens.weight = torch.nn.Parameter(embeddings, requires_grad=False)
+    return head
+
+
+def _resume(ckpt: Path, head, optimizer, scheduler) -> tuple[int, list[dict], tuple[int, int]]:
+    """Restore the head, optimizer, scheduler and torch's RNG from `ckpt`; returns (step, history, cursor)."""
+    state = torch.load(ckpt, weights_only=False)
+    head.load_state_dict({**state["head"], "embed_tokens.weight": head.embed_tokens.weight}, strict=True)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["torch_rng"])
+    step, history, cursor = state["step"], state["history"], tuple(state["cursor"])
+    logger.info("resumed from %s at step %d (epoch %d, sequence %d)", ckpt, step, *cursor)
+    return step, history, cursor
+
+
+def _train_step(head, lm_rows: torch.Tensor, batch: list[dict], cfg: TrainConfig, params, optimizer, scheduler) -> dict:
+    """One optimizer step on `batch`; returns its losses and top-1."""
+    features, tokens, targets, attention, loss_mask = _collate(batch)
+    vloss, ploss, top1 = _losses(
+        head, lm_rows, features, tokens, targets, attention, loss_mask, cfg, noise=True, p_positions=cfg.p_positions
+    )
+    loss = cfg.v_weight * vloss + cfg.p_weight * ploss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    optimizer.step()
+    scheduler.step()
+    return {"loss": loss.item(), "vloss": vloss.item(), "ploss": ploss.item(), "top1": top1.item()}
+
+
+def _save_checkpoint(ckpt: Path, head, optimizer, scheduler, cursor: tuple[int, int], step: int, history: list) -> None:
+    _atomic_save(
+        {
+            "head": {k: v for k, v in head.state_dict().items() if k != "embed_tokens.weight"},
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "cursor": list(cursor),
+            "step": step,
+            "history": history,
+        },
+        ckpt,
+    )
 
 
 # ----------------------------------------------------------------------------- all stages
@@ -602,63 +607,104 @@ def train_eagle_head(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     folder = features_dir(cfg, out_dir)
-    recipe_path, timings_path = out_dir / RECIPE, out_dir / TIMINGS
     if not resume:
-        for name in (GENERATIONS, CHECKPOINT, TIMINGS):
-            (out_dir / name).unlink(missing_ok=True)
-        if not cfg.corpus.dir and folder.is_dir():  # an explicit corpus.dir may be shared: never deleted
-            shutil.rmtree(folder)
-    previous = json.loads(timings_path.read_text()) if timings_path.is_file() else {}
-    seconds, cpu_seconds = previous.get("seconds", {}), previous.get("cpu_seconds", {})
-
-    def timed(stage, fn, *args, **kwargs):
-        # Added up over resumed runs and saved as each stage ends, so a run stopped in a later
-        # stage keeps the earlier stages' times (a stage stopped midway loses its own so far).
-        begin, cpu = time.perf_counter(), time.process_time()
-        result = fn(*args, **kwargs)
-        seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - begin
-        cpu_seconds[stage] = cpu_seconds.get(stage, 0.0) + time.process_time() - cpu
-        timings_path.write_text(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds}) + "\n")
-        return result
+        _remove_previous_run(cfg, out_dir, folder)
+    timed = _StageTimes(out_dir / TIMINGS)
 
     prompts, generations = [], None
     if cfg.corpus.self_distill:
         prompts = training_prompts(cfg.split)
         generations = timed("generate", generate_answers, loaded, prompts, cfg.data, out_dir / GENERATIONS, progress)
-
-    def stopped(stage: str, plan: dict | None = None) -> TrainResult:
-        summary = shards.plan_summary(plan)["train"] if plan else {"sequences": 0, "answer_tokens": 0}
-        logger.info("stopped after %s", stage)
-        return TrainResult(
-            out_dir, 0, summary["sequences"], summary["answer_tokens"], float("nan"), seconds, cpu_seconds
-        )
-
     if stop_after == "generate":
-        return stopped("generate")
+        return _stopped(out_dir, "generate", None, timed)
     plan, manifest = timed(
         "features", shards.run_features, loaded, cfg.corpus, folder, generations, cfg.data.max_seq_len, progress
     )
     if stop_after == "features":
-        return stopped("features", plan)
+        return _stopped(out_dir, "features", plan, timed)
     config = head_config(loaded.model.config, cfg.head.intermediate_size, cfg.head.bias)
     head, steps, top1, n_train, history = timed(
         "train", train_head, loaded.model, folder, manifest, config, cfg.train, out_dir, progress, resume
     )
     summary = shards.plan_summary(plan)
-    recipe = {
+    result = TrainResult(
+        out_dir, steps, n_train, summary["train"]["answer_tokens"], top1, timed.seconds, timed.cpu_seconds
+    )
+    recipe = _recipe(loaded, cfg, config, prompts, folder, summary, result, history)
+    save_head(
+        head,
+        config,
+        out_dir,
+        full=True,
+        compact=True,
+        metadata={"target": loaded.spec.name, "steps": steps, "eval_top1": round(top1, 4)},
+    )
+    (out_dir / RECIPE).write_text(json.dumps(recipe, indent=2) + "\n")
+    return result
+
+
+def _remove_previous_run(cfg: EagleTrainingConfig, out_dir: Path, folder: Path) -> None:
+    for name in (GENERATIONS, CHECKPOINT, TIMINGS):
+        (out_dir / name).unlink(missing_ok=True)
+    if not cfg.corpus.dir and folder.is_dir():  # an explicit corpus.dir may be shared: never deleted
+        shutil.rmtree(folder)
+
+
+class _StageTimes:
+    """Wall and CPU seconds per stage, in `path` (TIMINGS).
+
+    Added up over resumed runs and saved as each stage ends, so a run stopped in a later stage
+    keeps the earlier stages' times (a stage stopped midway loses its own so far).
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        previous = json.loads(path.read_text()) if path.is_file() else {}
+        self.seconds, self.cpu_seconds = previous.get("seconds", {}), previous.get("cpu_seconds", {})
+
+    def __call__(self, stage: str, fn, *args, **kwargs):
+        """`fn(*args, **kwargs)`, timed as `stage`."""
+        begin, cpu = time.perf_counter(), time.process_time()
+        result = fn(*args, **kwargs)
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - begin
+        self.cpu_seconds[stage] = self.cpu_seconds.get(stage, 0.0) + time.process_time() - cpu
+        self.path.write_text(json.dumps({"seconds": self.seconds, "cpu_seconds": self.cpu_seconds}) + "\n")
+        return result
+
+
+def _stopped(out_dir: Path, stage: str, plan: dict | None, timed: _StageTimes) -> TrainResult:
+    summary = shards.plan_summary(plan)["train"] if plan else {"sequences": 0, "answer_tokens": 0}
+    logger.info("stopped after %s", stage)
+    return TrainResult(
+        out_dir, 0, summary["sequences"], summary["answer_tokens"], float("nan"), timed.seconds, timed.cpu_seconds
+    )
+
+
+def _recipe(
+    loaded: LoadedModel,
+    cfg: EagleTrainingConfig,
+    head_cfg: dict,
+    prompts: list[tuple[str, str]],
+    folder: Path,
+    summary: dict,
+    result: TrainResult,
+    history: list[dict],
+) -> dict:
+    """recipe.json: what the head was trained on and how, beside the head."""
+    return {
         "target": loaded.spec.name,
         "target_dtype": loaded.spec.dtype,
         "prompts": [pid for pid, _ in prompts],
         "features": str(folder),
         "sequences": summary["train"]["sequences"] + summary["heldout"]["sequences"],
-        "train_sequences": n_train,
-        "answer_tokens": summary["train"]["answer_tokens"],
+        "train_sequences": result.sequences,
+        "answer_tokens": result.answer_tokens,
         "total_tokens": summary["train"]["tokens"],
         "heldout": summary["heldout"],
-        "steps": steps,
-        "eval_top1": top1,
-        "seconds": seconds,
-        "cpu_seconds": cpu_seconds,
+        "steps": result.steps,
+        "eval_top1": result.eval_top1,
+        "seconds": result.seconds,
+        "cpu_seconds": result.cpu_seconds,
         "threads": torch.get_num_threads(),
         "config": {
             k: asdict(v)
@@ -670,16 +716,6 @@ def train_eagle_head(
                 ("train", cfg.train),
             )
         },
-        "head_config": config,
+        "head_config": head_cfg,
         "history": history[-5:],
     }
-    save_head(
-        head,
-        config,
-        out_dir,
-        full=True,
-        compact=True,
-        metadata={"target": loaded.spec.name, "steps": steps, "eval_top1": round(top1, 4)},
-    )
-    recipe_path.write_text(json.dumps(recipe, indent=2) + "\n")
-    return TrainResult(out_dir, steps, n_train, summary["train"]["answer_tokens"], top1, seconds, cpu_seconds)

@@ -311,36 +311,8 @@ def extract_features(
     has another one is refused. `max_shards` stops after writing that many shards (None: all).
     """
     folder.mkdir(parents=True, exist_ok=True)
-    fingerprint = {
-        **fingerprint,
-        "format": FORMAT,
-        "plan": plan["digest"],
-        "layers": cfg.layers,
-        "sequences_per_shard": cfg.sequences_per_shard,
-        "feature_attention": cfg.feature_attention,
-        "heldout_attention": cfg.heldout_attention,
-    }
-    manifest = read_manifest(folder)
-    if manifest is not None and manifest["fingerprint"] != fingerprint:
-        changed = sorted(
-            k
-            for k in set(fingerprint) | set(manifest["fingerprint"])
-            if fingerprint.get(k) != manifest["fingerprint"].get(k)
-        )
-        raise ValueError(
-            f"{folder} holds features of another configuration (differs in {changed}): delete the"
-            " folder, point corpus.dir elsewhere, or run with resume=false"
-        )
     todo = _shard_rows(plan, cfg.sequences_per_shard)
-    if manifest is None:
-        manifest = {"fingerprint": fingerprint, "shards": {}}
-    manifest["planned"] = {split: sum(1 for s, _, _ in todo if s == split) for split in ("heldout", "train")}
-    manifest["plan"] = plan_summary(plan)
-    for split, k, _ in todo:  # a shard renamed into place just before a kill, not yet in the manifest
-        name = shard_name(split, k)
-        if name not in manifest["shards"] and (folder / name).is_file():
-            manifest["shards"][name] = _shard_entry(load_shard(folder / name), 0.0)
-    _atomic_write_text(json.dumps(manifest, indent=1) + "\n", folder / MANIFEST)
+    manifest = _open_manifest(folder, plan, todo, _features_fingerprint(fingerprint, plan, cfg))
     missing = [(split, k, rows) for split, k, rows in todo if shard_name(split, k) not in manifest["shards"]]
     if max_shards is not None:
         missing = missing[:max_shards]
@@ -349,14 +321,7 @@ def extract_features(
     done_tokens, begin = 0, time.perf_counter()
     for split, k, rows in missing:
         started, cpu = time.perf_counter(), time.process_time()
-        features, layers = [], []
-        with attention_implementation(model, cfg.heldout_attention if split == "heldout" else cfg.feature_attention):
-            for s in rows:
-                f, extra = sequence_features(model, s["ids"], cfg.layers)
-                features.append(f)
-                layers.append(extra)
-                bar.update(len(s["ids"]))
-        shard = _pack(rows, features, layers, split, k)
+        shard = _compute_shard(model, cfg, split, k, rows, bar)
         name = shard_name(split, k)
         atomic_save(shard, folder / name)
         manifest["shards"][name] = _shard_entry(shard, time.perf_counter() - started, time.process_time() - cpu)
@@ -377,6 +342,57 @@ def extract_features(
         )
     bar.close()
     return manifest
+
+
+def _features_fingerprint(fingerprint: dict, plan: dict, cfg: CorpusConfig) -> dict:
+    """`fingerprint` and the plan and settings the shards depend on."""
+    return {
+        **fingerprint,
+        "format": FORMAT,
+        "plan": plan["digest"],
+        "layers": cfg.layers,
+        "sequences_per_shard": cfg.sequences_per_shard,
+        "feature_attention": cfg.feature_attention,
+        "heldout_attention": cfg.heldout_attention,
+    }
+
+
+def _open_manifest(folder: Path, plan: dict, todo: list[tuple[str, int, list[dict]]], fingerprint: dict) -> dict:
+    """The folder's manifest (a new one if none), refused if its fingerprint differs, updated to
+    this plan and rewritten."""
+    manifest = read_manifest(folder)
+    if manifest is not None and manifest["fingerprint"] != fingerprint:
+        changed = sorted(
+            k
+            for k in set(fingerprint) | set(manifest["fingerprint"])
+            if fingerprint.get(k) != manifest["fingerprint"].get(k)
+        )
+        raise ValueError(
+            f"{folder} holds features of another configuration (differs in {changed}): delete the"
+            " folder, point corpus.dir elsewhere, or run with resume=false"
+        )
+    if manifest is None:
+        manifest = {"fingerprint": fingerprint, "shards": {}}
+    manifest["planned"] = {split: sum(1 for s, _, _ in todo if s == split) for split in ("heldout", "train")}
+    manifest["plan"] = plan_summary(plan)
+    for split, k, _ in todo:  # a shard renamed into place just before a kill, not yet in the manifest
+        name = shard_name(split, k)
+        if name not in manifest["shards"] and (folder / name).is_file():
+            manifest["shards"][name] = _shard_entry(load_shard(folder / name), 0.0)
+    _atomic_write_text(json.dumps(manifest, indent=1) + "\n", folder / MANIFEST)
+    return manifest
+
+
+def _compute_shard(model, cfg: CorpusConfig, split: str, k: int, rows: list[dict], bar) -> dict:
+    """Shard `k` of `split`: the features of `rows`, in the attention that split is computed with."""
+    features, layers = [], []
+    with attention_implementation(model, cfg.heldout_attention if split == "heldout" else cfg.feature_attention):
+        for s in rows:
+            f, extra = sequence_features(model, s["ids"], cfg.layers)
+            features.append(f)
+            layers.append(extra)
+            bar.update(len(s["ids"]))
+    return _pack(rows, features, layers, split, k)
 
 
 def _shard_entry(shard: dict, seconds: float, cpu_seconds: float = 0.0) -> dict:
