@@ -24,8 +24,9 @@ import inspect
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import yaml
@@ -47,7 +48,15 @@ from .verify import ConfidencePolicy, LosslessVerifier, SpeculativeCascadeVerifi
 logger = logging.getLogger(__name__)
 
 LOOKUP = ("lookup", "prompt-lookup", "prompt_lookup")  # draft= names of prompt-lookup drafting
-_DEFAULT = object()  # `policy` not given: the default thresholds when a routing mask is given
+
+
+class _Default(Enum):
+    """A sentinel with a type of its own, so that `policy is _DEFAULT` narrows what `policy` is."""
+
+    POLICY = "default"  # `policy` not given: the default thresholds when a routing mask is given
+
+
+_DEFAULT = _Default.POLICY
 
 
 @dataclass(frozen=True)
@@ -193,6 +202,13 @@ def _check_options(cls, options: dict, what: str) -> None:
 
 
 # ----------------------------------------------------------------------------- naming
+@runtime_checkable
+class _VerifyingDecoder(Protocol):
+    """A decoder of a host whose parts include a verifier (`HostSpec.parts`): it keeps it as `verifier`."""
+
+    verifier: Verifier
+
+
 def describe(decoder: Decoder, hosts: HostRegistry = HOSTS) -> str:
     """The method a decoder runs, as a reader names it: "SD", "VIA-SD on PEARL", "EAGLE", ...
 
@@ -207,6 +223,7 @@ def describe(decoder: Decoder, hosts: HostRegistry = HOSTS) -> str:
     host = spec.label(decoder) if spec.label is not None else spec.name
     if "verifier" not in spec.parts:
         return host
+    assert isinstance(decoder, _VerifyingDecoder), f"{type(decoder).__name__} keeps no `verifier`"
     verifier = decoder.verifier
     if isinstance(verifier, TieredVerifier) and verifier.policy is not None:
         middle = getattr(verifier.slim, "model", None)
@@ -353,7 +370,7 @@ class SpeculativeGenerator:
         self.target = target
         self.tokenizer = tokenizer
         if stop_token_ids is None:
-            stop_token_ids = eos_ids(target.generation_config.eos_token_id)
+            stop_token_ids = eos_ids(self._target_generation_config().eos_token_id)
             if not stop_token_ids and tokenizer is not None and tokenizer.eos_token_id is not None:
                 stop_token_ids = (tokenizer.eos_token_id,)
             if not stop_token_ids:
@@ -366,9 +383,18 @@ class SpeculativeGenerator:
     def __repr__(self) -> str:
         return f"SpeculativeGenerator({self.method}, target={type(self.target).__name__})"
 
+    def _target_generation_config(self) -> GenerationConfig:
+        config = self.target.generation_config
+        if config is None:  # transformers leaves it unset on models that cannot generate
+            raise ValueError(
+                f"{type(self.target).__name__} has no generation_config: the target must be a causal LM"
+                " that can generate"
+            )
+        return config
+
     def generation_config(self, **kwargs) -> GenerationConfig:
         """The target's generation config updated with `kwargs` (TypeError for unknown names)."""
-        config = copy.deepcopy(self.target.generation_config)
+        config = copy.deepcopy(self._target_generation_config())
         if self.stop_token_ids and "eos_token_id" not in kwargs:
             config.eos_token_id = list(self.stop_token_ids)
         unused = config.update(**kwargs)
@@ -408,9 +434,11 @@ class SpeculativeGenerator:
 
     def generate_text(self, prompt: str, chat_template: bool = True, **kwargs) -> str:
         """Decode a text prompt (a user turn of the chat template, when the tokenizer has one); the new text."""
-        ids = encode_text(self.text_tokenizer(), prompt, chat_template)
+        tokenizer = self.text_tokenizer()
+        ids = encode_text(tokenizer, prompt, chat_template)
         output = self.generate(ids, return_dict_in_generate=True, **kwargs)
-        return self.tokenizer.decode(output.new_tokens, skip_special_tokens=True)
+        assert isinstance(output, GenerateOutput)  # what return_dict_in_generate asks for
+        return tokenizer.decode(output.new_tokens, skip_special_tokens=True)
 
     def text_tokenizer(self) -> PreTrainedTokenizerBase:
         """The target's tokenizer: the one given to `build`, else the one of the folder the target was loaded from."""
@@ -490,7 +518,7 @@ def build(
     draft: PreTrainedModel | LoadedModel | Drafter | EagleHead | str | None = None,
     *,
     routing: RoutingMask | Mapping | str | Path | None = None,
-    policy: TierPolicy | Mapping | Sequence | str | Path | None = _DEFAULT,
+    policy: TierPolicy | Mapping | Sequence | str | Path | _Default | None = _DEFAULT,
     tokenizer: PreTrainedTokenizerBase | None = None,
     draft_tokenizer: PreTrainedTokenizerBase | None = None,
     framework: str = "sd",

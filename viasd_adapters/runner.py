@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from .models.compiled import decode_step
+
+if TYPE_CHECKING:  # routing/ imports this module: the slim view's type is named here only
+    from .routing.slim import SlimModel
 
 
 @dataclass
@@ -46,13 +50,14 @@ class CausalLMRunner:
 
     def __init__(
         self,
-        model: PreTrainedModel,
+        model: PreTrainedModel | SlimModel,
         name: str = "model",
         head: torch.nn.Module | None = None,
         variant: str | None = None,
         compiled: bool = True,
     ):
-        """`head`: scores the model's final hidden states in its place ([..., d] -> [..., N]
+        """`model`: a transformers causal LM, or a routed view of one (called the same way).
+        `head`: scores the model's final hidden states in its place ([..., d] -> [..., N]
         logits, e.g. a `ReducedHead` over N kept ids); None: the model's own LM head (N = V).
         `variant`: what its stats say ran where it is not the run's dtype (a drafter's quantised copy).
         `compiled`: run the model's compiled decode step when it has one (`models.compiled`)."""

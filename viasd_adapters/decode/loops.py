@@ -123,8 +123,10 @@ class Decoder(ABC):
 class AutoregressiveDecoder(Decoder):
     """One target forward per token: the baseline every speedup is measured against."""
 
-    def __init__(self, target: PreTrainedModel, name: str = "target"):
-        self.runner = CausalLMRunner(target, name)
+    def __init__(self, target: PreTrainedModel, name: str = "target", compiled: bool = True):
+        """`compiled` False: the eager forward even where the target has a compiled step (one
+        benchmark run can then compare the two paths on the same loaded model)."""
+        self.runner = CausalLMRunner(target, name, compiled=compiled)
 
     def generate(self, input_ids, max_new_tokens, sampling=None, stop_token_ids=(), streamer=None):
         sampler = Sampler(sampling or SamplingConfig(), self.runner.device)

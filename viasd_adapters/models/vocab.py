@@ -116,6 +116,8 @@ class ReducedHead(torch.nn.Module):
     `token_ids` maps positions of the reduced logits back to ids of the full vocabulary.
     """
 
+    token_ids: torch.Tensor  # [N] long; `register_buffer` sets it, untyped, in __init__
+
     def __init__(self, model: PreTrainedModel, vocabulary: DraftVocabulary):
         super().__init__()
         head = model.get_output_embeddings()

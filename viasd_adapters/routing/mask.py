@@ -144,7 +144,7 @@ class RoutingMask:
         rng = np.random.default_rng(seed)
         order = [int(i) for i in rng.permutation(mask.num_layers)]
         counts = (len(mask.skip_layers), len(mask.skip_attention), len(mask.skip_mlp))
-        layers, attention, mlp = (order[sum(counts[:k]) : sum(counts[: k + 1])] for k in range(3))
+        layers, attention, mlp = (tuple(order[sum(counts[:k]) : sum(counts[: k + 1])]) for k in range(3))
         return cls(
             layers,
             attention,

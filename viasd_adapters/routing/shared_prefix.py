@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 
 import torch
+from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from ..runner import CallStats, CausalLMRunner, common_prefix_length
@@ -33,6 +34,9 @@ class UpperLayers(CausalLMRunner):
     """One view's decoder layers [p, L) and LM head behind `CausalLMRunner`'s interface: its
     `cache` holds only layers >= p and `cached_ids` the tokens those layers hold. Built by
     `SharedPrefixRunner`, which owns layers [0, p) and computes the logits."""
+
+    model: SlimModel  # run in stages (`SlimModel.run_layers`)
+    cache: DynamicCache  # compiled=False: transformers' caches, never a compiled step's buffers
 
     def __init__(self, owner: SharedPrefixRunner, view: SlimModel, name: str):
         self.owner = owner
@@ -53,11 +57,12 @@ class SharedPrefixRunner:
       - `pending` holds the hidden states entering layer p at positions [min(S_u, S_q), P).
     """
 
-    def __init__(self, target: PreTrainedModel, slim: SlimModel):
+    def __init__(self, target: PreTrainedModel, slim: nn.Module):
         """
         Args:
             target: the full model q.
-            slim: a routed view of `target` (its own layers, not a copy's).
+            slim: a routed view of `target` (its own layers, not a copy's); another slim verifier
+                is refused.
         """
         if not isinstance(slim, SlimModel):
             raise ValueError(
@@ -122,6 +127,7 @@ class SharedPrefixRunner:
             self.prefix_ids = ids.clone()
 
         # 3. this view's layers [p, L) over its lagging tokens and the new ones, then its head
+        assert self.pending is not None  # the states from position `keep` on: stored, or run by step 2
         state = upper.model.run_layers(self.pending.positions(keep), upper.cache)
         logits = upper.model.head(state, num_positions)[0]  # [m, V]
         upper.cached_ids = ids.clone()

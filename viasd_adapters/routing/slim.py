@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -199,7 +200,9 @@ class SlimModel(nn.Module):
             past_key_values = DynamicCache()
         start = self.cached_length(past_key_values) if past_key_values is not None else 0
         state = self.run_layers(self.embed(input_ids, start), past_key_values)
-        return CausalLMOutputWithPast(logits=self.head(state, logits_to_keep), past_key_values=past_key_values)
+        logits = self.head(state, logits_to_keep)
+        # transformers annotates `logits` as the legacy FloatTensor subclass, which no model's logits are
+        return CausalLMOutputWithPast(logits=logits, past_key_values=past_key_values)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ staged API
     def embed(self, input_ids: torch.Tensor, start: int) -> HiddenState:
@@ -348,8 +351,9 @@ class SlimModel(nn.Module):
         )
 
     @staticmethod
-    def _run_sub_blocks(layer: nn.Module, hidden: torch.Tensor, step: _Step, kwargs: dict) -> torch.Tensor:
-        """A pre-norm layer with one sub-block skipped, from the layer's own submodules."""
+    def _run_sub_blocks(layer: Any, hidden: torch.Tensor, step: _Step, kwargs: dict) -> torch.Tensor:
+        """A pre-norm layer with one sub-block skipped, from the layer's own submodules (`layer`: a
+        transformers decoder layer, whose submodules are known by name, not by type)."""
         if step.attention:
             attn_out = layer.self_attn(hidden_states=layer.input_layernorm(hidden), **kwargs)
             hidden = hidden + (attn_out[0] if isinstance(attn_out, tuple) else attn_out)
@@ -365,10 +369,11 @@ def keep_positions(cache: Cache | StaticKV, start: int, positions: torch.Tensor)
         cache.keep(start, positions)
         return
     for layer in cache.layers:
-        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:  # a layer this view skips
+        keys, values = layer.keys, layer.values
+        if keys is None or values is None or keys.numel() == 0:  # a layer this view skips
             continue
-        index = torch.cat([torch.arange(start, device=layer.keys.device), positions.to(layer.keys.device)])
-        layer.keys, layer.values = layer.keys[..., index, :], layer.values[..., index, :]
+        index = torch.cat([torch.arange(start, device=keys.device), positions.to(keys.device)])
+        layer.keys, layer.values = keys[..., index, :], values[..., index, :]
 
 
 def compile_view(view: SlimModel, target: PreTrainedModel) -> bool:

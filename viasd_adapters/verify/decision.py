@@ -59,10 +59,10 @@ class TierDecision:
         """The tier that chose the last committed token (SLIM for u's own tokens, bonus included)."""
         return Tier.SLIM if self.token is not None else self.tier
 
-    def counts(self) -> dict[Tier, int]:
-        """Committed tokens per tier: the n kept drafts, then u's token. Not for ESCALATE."""
+    def counts(self) -> dict[str, int]:
+        """Committed tokens per tier (`Verdict.tier_counts`): the n kept drafts, then u's token. Not for ESCALATE."""
         assert self.tier != Tier.ESCALATE, "the full model's verdict counts an escalated block"
-        counts = {Tier.ACCEPT: self.num_accepted} if self.num_accepted else {}
+        counts: dict[str, int] = {Tier.ACCEPT: self.num_accepted} if self.num_accepted else {}
         if self.token is not None:
             counts[Tier.SLIM] = 1
         return counts

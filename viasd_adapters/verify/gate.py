@@ -77,13 +77,14 @@ def choose_gate(confidence: list[float], settled: list[bool], slim_ratio: float,
     c = torch.tensor(confidence, dtype=torch.float64)
     s = torch.tensor(settled, dtype=torch.bool)
     through_cost = slim_ratio + (~s).double() * escalate_ratio  # [N]
-    best = None
+    best: tuple[float, float, torch.Tensor] | None = None  # (threshold, cost, passes)
     levels = sorted(set(confidence))
     for tau in [0.0] + [(a + b) / 2 for a, b in zip(levels, levels[1:])] + [1.0]:
         passes = c >= tau
         cost = float(torch.where(passes, through_cost, torch.ones_like(through_cost)).mean())
         if best is None or cost < best[1] - 1e-12:
             best = (tau, cost, passes)
+    assert best is not None  # the first candidate always sets it
     tau, cost, passes = best
     n_settled = int(s.sum())
     return GateChoice(

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import nn
 from transformers import PreTrainedModel
 
 from ..draft.base import DraftBlock
@@ -20,7 +19,7 @@ from .gate import BlockGate
 from .policy import Tier, TierPolicy
 from .tree import DraftTree, TreeJudge, TreeVerdict, decide_tree, judged, keep_path, score_tree
 
-SlimFactory = Callable[[PreTrainedModel], nn.Module]
+SlimFactory = Callable[[PreTrainedModel], PreTrainedModel | SlimModel]
 
 
 class TieredVerifier(Verifier):
@@ -54,7 +53,7 @@ class TieredVerifier(Verifier):
     def __init__(
         self,
         target: PreTrainedModel,
-        slim: nn.Module | SlimFactory | None = None,
+        slim: PreTrainedModel | SlimModel | SlimFactory | None = None,
         policy: TierPolicy | None = None,
         max_unverified: int = 16,
         rejudge: bool = True,
@@ -64,8 +63,8 @@ class TieredVerifier(Verifier):
         """
         Args:
             target: the full model q.
-            slim: the slim verifier u (any model a `CausalLMRunner` can run), or a callable
-                that builds it from the target (a routed view of its layers, usually).
+            slim: the slim verifier u (a transformers causal LM, or a `SlimModel` view of the
+                target), or a callable that builds it from the target (a routed view, usually).
             policy: assigns tiers; None switches tiers 1-2 off.
             max_unverified: most committed tokens the full model may lag behind (the last
                 committed token, which is fed next, not counted); a position that would exceed
@@ -83,10 +82,11 @@ class TieredVerifier(Verifier):
             raise ValueError("a tier policy needs a slim verifier: set `slim`")
         self.check_settings(max_unverified=max_unverified)
         self.target = CausalLMRunner(target, "target")
-        self.slim = None
-        self.shared = None  # the SharedPrefixRunner behind `target` and `slim` when they share layers
+        self.slim: CausalLMRunner | None = None
+        self.shared: SharedPrefixRunner | None = None  # behind `target` and `slim` when they share layers
         if policy is not None:
-            slim_model = slim if isinstance(slim, nn.Module) else slim(target)
+            assert slim is not None  # refused above
+            slim_model = slim if isinstance(slim, (PreTrainedModel, SlimModel)) else slim(target)
             if share_prefix:
                 shared = SharedPrefixRunner(target, slim_model)
                 if shared.num_prefix_layers > 0:  # p = 0 shares nothing: keep the plain runners
@@ -105,7 +105,7 @@ class TieredVerifier(Verifier):
         self.max_unverified = max_unverified
         self.rejudge = rejudge
         self.gate = gate
-        self._refused_at = None  # the sequence length at which a tree round left the next position to q
+        self._refused_at: int | None = None  # the sequence length at which a tree round left the next position to q
 
     @property
     def vocab_size(self) -> int:
@@ -151,6 +151,7 @@ class TieredVerifier(Verifier):
         room = self._slim_room(self.unverified_length(input_ids), DraftTree.chain(draft.tokens, p))
         if room == 0:
             return self._escalate(sequence, draft, p, sampler, start=0)
+        assert self.slim is not None and self.policy is not None  # room comes with a policy, a policy with u
 
         # 1. slim verify: one forward over the block; 2. tiers 1-2 (`decide`)
         u = SlimScores.of(self.slim.logits(sequence, K + 1), sampler)  # K + 1 positions
@@ -173,7 +174,7 @@ class TieredVerifier(Verifier):
         outcome = lossless_accept(draft.tokens[start:], p[start:], logits, sampler)
         n = start + outcome.num_accepted
         tokens = torch.cat([draft.tokens[:n], draft.tokens.new_tensor([outcome.next_token])])
-        counts = {Tier.ESCALATE: outcome.num_accepted + 1}
+        counts: dict[str, int] = {Tier.ESCALATE: outcome.num_accepted + 1}
         if start:
             counts[Tier.ACCEPT] = start
         return Verdict(tokens, n, K, counts, Tier.ESCALATE)
@@ -191,6 +192,7 @@ class TieredVerifier(Verifier):
         room = 0 if refused else self._slim_room(T - 1 - judge.cached_length, tree)
         if room == 0:
             return judged(judge.judge(input_ids, tree, sampler), tree)
+        assert self.slim is not None and self.policy is not None  # room comes with a policy, a policy with u
         if not isinstance(self.slim.model, SlimModel) or self.shared is not None:
             raise ValueError(
                 "a draft tree is verified by a routed view of the target (no share_prefix, no independent middle model)"
@@ -208,6 +210,7 @@ class TieredVerifier(Verifier):
             tokens = tree.tokens[kept]
             if decision.token is not None:
                 tokens = torch.cat([tokens, tokens.new_tensor([decision.token])])
+            counts: dict[str, int]
             if decision.tier == Tier.ESCALATE:  # tier 1's drafts are kept (sampling: see `verify`)
                 self._refused_at = T + n
                 counts, last = {Tier.ACCEPT: n}, Tier.ACCEPT

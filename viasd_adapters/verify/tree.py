@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
+from transformers import DynamicCache
 
+from ..models.compiled import StaticKV
 from ..routing.slim import SlimModel, keep_positions
 from ..runner import CausalLMRunner, common_prefix_length
 from ..sampling import Sampler
@@ -195,9 +197,11 @@ def score_tree(runner: CausalLMRunner, input_ids: torch.Tensor, tree: DraftTree)
     begin = time.perf_counter()
     positions, attend = tree.layout(start, T)  # [n], [n, n]
     if runner.step is not None:  # the compiled step: the tree is a mask over the cached positions too
+        assert isinstance(runner.cache, StaticKV)  # `CausalLMRunner.reset` gives a compiled step its buffers
         mask = torch.cat([attend.new_ones(len(new), start), attend], dim=1)  # [n, start + n]
         features = runner.step(new, runner.cache, mask=mask, positions=positions)[None, -(len(tree) + 1) :]
     else:
+        assert isinstance(runner.cache, DynamicCache)  # ... and the eager forward transformers' cache
         state = model.run_layers(model.embed(new[None], start), runner.cache, tree=(positions, attend))
         features = model.normed(state, len(tree) + 1)  # [1, N + 1, H]
     logits = model.logits(features)[0]  # [N + 1, V]
