@@ -53,6 +53,21 @@ def test_a_block_computes_bitwise_what_one_row_steps_compute(int8_model):
 
 
 @torch.no_grad()
+def test_a_block_is_bitwise_its_steps_at_the_real_targets_width():
+    """At Qwen2.5-Coder-1.5B's widths (hidden 1536, 12 heads of 128) one-row steps leave a thread
+    idle, which Inductor would fill by splitting a row's reductions across threads: another sum
+    order than a block's, and int8's per-row scales turn that into logits a unit apart."""
+    config = TinyModelConfig(
+        architecture="qwen2", num_layers=1, hidden_size=1536, num_heads=12, num_kv_heads=2, intermediate_size=1536
+    )
+    step = decode_step(load_model(ModelSpec("tiny-random", dtype="int8", tiny=config, compile=True)).model)
+    ids = torch.randint(1, 257, (40,), generator=torch.Generator().manual_seed(0))
+    steps = hidden_by_blocks(step, ids, [16] + [1] * 24)
+    for sizes in ([16, 2, 5, 8, 9], [16, 12, 12]):
+        assert torch.equal(hidden_by_blocks(step, ids, sizes), steps[: sum(sizes)]), sizes
+
+
+@torch.no_grad()
 def test_a_rolled_back_cache_recomputes_what_it_dropped(int8_model):
     step = decode_step(int8_model.model)
     ids = PROMPT[0]

@@ -358,7 +358,13 @@ class DecodeStep:
         # Each model size, row-count class, buffer size and routed plan is a graph of the one compiled
         # layer function: more than Dynamo's default of 8 before it would fall back to eager.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        self._layer = torch.compile(decoder_layer, fullgraph=True) if compile else decoder_layer
+        # Inductor's kernels run on one thread: a one-row step leaves threads idle, which Inductor
+        # fills by splitting a row's reductions (norms, attention) across them, a sum order that a
+        # block's graph, parallel over its rows, does not share; at the 1.5B's widths that moved
+        # logits by up to 1.5 and broke greedy SD's equality with AR. The GEMMs keep every thread.
+        self._layer = (
+            torch.compile(decoder_layer, fullgraph=True, options={"cpp.threads": 1}) if compile else decoder_layer
+        )
         self.dtype = body.embed_tokens.weight.dtype
 
     def view(self, plan: list[tuple[int, bool, bool]]) -> DecodeStep:
