@@ -1,0 +1,81 @@
+"""How far a one-token int8 step is from its GEMMs, without the profiler's own overhead.
+
+    python tools/step_breakdown.py qwen2.5-coder-1.5b-instruct            # compiled step
+    python tools/step_breakdown.py qwen2.5-coder-1.5b-instruct --eager    # transformers' forward
+
+Times a runner call (one new token after `--context` cached, LM head and argmax included), then
+every int8 GEMM that call makes (the decoder's and the LM head's fbgemm packed weights, each fed
+one row plus the bounds row) back to back: the step's time if nothing but its GEMMs cost. Medians
+of `--repeats` after 5 warm-up calls. Run it on an idle machine; prefix the AVX2 limits
+(docs/results/int8.md) to emulate an AVX2-only CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from viasd_adapters.hardware import device_label
+from viasd_adapters.models import ModelSpec, load_model
+from viasd_adapters.models.quantize import Int8Linear, _RowQuantGemm
+from viasd_adapters.runner import CausalLMRunner
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - begin)
+    return statistics.median(times) * 1e3
+
+
+def packed_gemms(model: torch.nn.Module) -> list[_RowQuantGemm]:
+    """Every int8 GEMM a forward of `model` calls, once each (q / k / v and gate / up share one)."""
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    for module in model.modules():
+        group = getattr(module, "_group", None)  # an Int8Projection's shared GEMM
+        if group is not None and all(group.linear is not layer for layer in layers):
+            layers.append(group.linear)
+    return [gemm for layer in layers for gemm in layer._gemms]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="a ModelSpec name, e.g. qwen2.5-coder-0.5b-instruct")
+    parser.add_argument("--eager", action="store_true", help="transformers' forward instead of the compiled step")
+    parser.add_argument("--context", type=int, default=256, help="tokens cached before the timed one")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=40)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    loaded = load_model(ModelSpec(args.model, dtype="int8", compile=not args.eager))
+    runner = CausalLMRunner(loaded.model, compiled=not args.eager)
+    ids = torch.randint(100, 20000, (1, args.context + 1), generator=torch.Generator().manual_seed(0))
+    runner.logits(ids[:, :-1], 1)
+
+    def step() -> None:
+        runner.crop(args.context)
+        runner.logits(ids, 1).argmax()
+
+    gemms = packed_gemms(loaded.model)
+    units = [torch.randn(2, gemm.bounds.shape[1]) for gemm in gemms]
+
+    def gemms_only() -> None:
+        for gemm, unit in zip(gemms, units):
+            torch.ops.quantized.linear_dynamic(unit, gemm.packed, True)
+
+    step_ms, gemm_ms = median_ms(step, args.repeats), median_ms(gemms_only, args.repeats)
+    path = "eager" if args.eager else "compiled"
+    print(f"{args.model} int8, {path}, {args.threads} threads, {device_label(loaded.model.device)}")
+    print(f"step {step_ms:.1f} ms, its {len(gemms)} GEMMs alone {gemm_ms:.1f} ms, step / GEMMs {step_ms / gemm_ms:.2f}")
+
+
+if __name__ == "__main__":
+    main()
