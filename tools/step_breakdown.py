@@ -38,12 +38,13 @@ def median_ms(fn: Callable[[], object], repeats: int) -> float:
 
 def packed_gemms(model: torch.nn.Module) -> list[_RowQuantGemm]:
     """Every int8 GEMM a forward of `model` calls, once each (q / k / v and gate / up share one)."""
-    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    layers: dict[int, Int8Linear] = {}  # by identity: sibling projections share one layer
     for module in model.modules():
         group = getattr(module, "_group", None)  # an Int8Projection's shared GEMM
-        if group is not None and all(group.linear is not layer for layer in layers):
-            layers.append(group.linear)
-    return [gemm for layer in layers for gemm in layer._gemms]
+        layer = group.linear if group is not None else module
+        if isinstance(layer, Int8Linear):
+            layers[id(layer)] = layer
+    return [gemm for layer in layers.values() for gemm in layer._gemms]
 
 
 def main() -> None:
