@@ -107,7 +107,7 @@ def test_every_benchmark_method_builds_on_the_tiny_pair(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- the runtime group
 COMMANDS = sorted(p.stem for p in CONF.glob("*.yaml"))  # every primary config: one per command
-RUNTIME = OmegaConf.load(CONF / "runtime" / "default.yaml")
+RUNTIME = {k: v for k, v in OmegaConf.load(CONF / "runtime" / "default.yaml").items() if k != "defaults"}
 
 
 def compose_command(command: str, *overrides: str):
@@ -125,6 +125,24 @@ def test_every_command_reads_the_one_runtime_group(command):
     own = OmegaConf.load(CONF / f"{command}.yaml")
     assert set(own.get("runtime") or {}) <= set(RUNTIME)
     assert compose_command(command, "runtime.threads=3").runtime.threads == 3
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("runtime.threads=two", "runtime.threads"),
+        ("runtime.device=[cpu]", "runtime.device"),
+        ("policy.tau_accept=high", "policy.tau_accept"),
+    ],
+)
+def test_a_mistyped_runtime_or_policy_key_fails_while_composing_naming_it(override, key):
+    """The groups' typed schemas (schema.py) catch these before any config is instantiated: without
+    them Hydra would compose all three and the mistake would surface later or never."""
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException) as caught:
+        compose_generate(override)
+    assert key in str(caught.value) + str(caught.value.__cause__)
 
 
 def test_commands_differ_from_the_runtime_defaults_only_where_they_say_why():
@@ -149,3 +167,20 @@ def test_the_old_threads_key_fails_naming_the_new_one(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["viasd-generate", "model_pair=tiny-random", "threads=2"])
     with pytest.raises(ValueError, match="write runtime.threads=2"):  # before Hydra, which would not name it
         main()
+
+
+def test_a_calibrated_policy_file_is_a_policy_option_and_a_policy_path(tmp_path, monkeypatch):
+    """viasd-calibrate's file extends the policy schema: Hydra composes it as `policy=NAME` from the
+    user config directory, and the Python API reads the same file by path."""
+    from viasd_adapters.api import tier_policy
+    from viasd_adapters.search.thresholds import ThresholdResult, write_policy
+    from viasd_adapters.verify import ConfidencePolicy
+
+    monkeypatch.setenv("VIASD_CONFIG_DIR", str(tmp_path))
+    best = ThresholdResult(0.7, 0.6, agreement=0.99, exact_rate=0.9, full_calls_per_token=0.2,
+                           slim_calls_per_token=0.3, tokens_per_second=5.0)  # fmt: skip
+    path = write_policy(tmp_path / "policy" / "mine.yaml", best, True, 0.98, {"model_pair": "tiny-random"})
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="generate", overrides=[f"hydra.searchpath=[file://{tmp_path}]", "policy=mine"])
+    assert instantiate(cfg.policy) == ConfidencePolicy(tau_accept=0.7, tau_draft=0.0, tau_slim=0.6)
+    assert tier_policy(path) == ConfidencePolicy(tau_accept=0.7, tau_draft=0.0, tau_slim=0.6)

@@ -31,6 +31,14 @@ def test_amd_avx2_machine():
     assert "(AVX2; " in info.label
 
 
+def test_a_generic_virtual_cpu_name_gets_its_family_and_model():
+    text = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\nflags\t\t: avx2 avx512f\n\nprocessor\t: 1\ncpu family\t: 99\n"
+    info = cpu_info(text, environ={})
+    assert info.model == "AMD EPYC (family 25, model 17)"  # Zen 4: the name alone does not tell
+    assert info.slug == "amd-epyc-family-25-model-17-avx512"
+    assert cpu_info(AMD, environ={}).model == "AMD EPYC 7B13 64-Core Processor"  # a named model stays as it is
+
+
 def test_no_cpuinfo_still_names_something():
     assert parse_cpuinfo("") == (None, set())
     info = cpu_info("", environ={})

@@ -6,7 +6,8 @@
 Times a runner call (one new token after `--context` cached, LM head and argmax included), then
 every int8 GEMM that call makes (the decoder's and the LM head's fbgemm packed weights, each fed
 one row plus the bounds row) back to back: the step's time if nothing but its GEMMs cost. Medians
-of `--repeats` after 5 warm-up calls. Run it on an idle machine; prefix the AVX2 limits
+of `--repeats` after 5 warm-up calls. Also the time to read the int8 weights once at the
+machine's read bandwidth (an fp32 sum over 1 GB), the floor of a step. Run it on an idle machine; prefix the AVX2 limits
 (docs/results/int8.md) to emulate an AVX2-only CPU.
 """
 
@@ -47,6 +48,12 @@ def packed_gemms(model: torch.nn.Module) -> list[_RowQuantGemm]:
     return [gemm for layer in layers.values() for gemm in layer._gemms]
 
 
+def read_bandwidth_gb_s(gigabytes: float = 1.0, repeats: int = 7) -> float:
+    """This machine's read bandwidth at torch's threads: a sum over `gigabytes` of fp32 (median)."""
+    data = torch.ones(int(gigabytes * 2**30) // 4)
+    return data.numel() * 4 / 1e9 / (median_ms(data.sum, repeats) / 1e3)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", help="a ModelSpec name, e.g. qwen2.5-coder-0.5b-instruct")
@@ -73,9 +80,16 @@ def main() -> None:
             torch.ops.quantized.linear_dynamic(unit, gemm.packed, True)
 
     step_ms, gemm_ms = median_ms(step, args.repeats), median_ms(gemms_only, args.repeats)
+    weight_gb = sum(gemm.out_features * gemm.bounds.shape[1] for gemm in gemms) / 1e9  # int8: a byte each
+    bandwidth = read_bandwidth_gb_s()
+    memory_ms = weight_gb / bandwidth * 1e3
     path = "eager" if args.eager else "compiled"
     print(f"{args.model} int8, {path}, {args.threads} threads, {device_label(loaded.model.device)}")
     print(f"step {step_ms:.1f} ms, its {len(gemms)} GEMMs alone {gemm_ms:.1f} ms, step / GEMMs {step_ms / gemm_ms:.2f}")
+    print(
+        f"int8 weights {weight_gb:.2f} GB, read bandwidth {bandwidth:.1f} GB/s (fp32 sum): memory time"
+        f" {memory_ms:.1f} ms, step / memory time {step_ms / memory_ms:.2f}, GEMMs / memory time {gemm_ms / memory_ms:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ override it, as in `model.generate`.
 from __future__ import annotations
 
 import copy
-import functools
 import inspect
 import logging
 from collections.abc import Mapping, Sequence
@@ -29,21 +28,20 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-import yaml
-from hydra.utils import instantiate
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
 from .compat import check
-from .configs import ROUTING_FORMS, named_config, named_mask
 from .decode import Decoder, DecodeStats
 from .draft import Drafter, ModelDrafter, PromptLookupDrafter
 from .hosts.registry import HOSTS, HostRegistry, HostSpec
+from .integrations.outputs import check_prepared, generate_output
 from .models import LoadedModel
 from .pipeline import check_same_tokenizer, encode_text
 from .routing import RoutingMask, SlimModel
 from .sampling import SamplingConfig
-from .verify import ConfidencePolicy, LosslessVerifier, SpeculativeCascadeVerifier, TieredVerifier, TierPolicy, Verifier
+from .verify import ConfidencePolicy, SpeculativeCascadeVerifier, TieredVerifier, TierPolicy, Verifier
+from .verify.arguments import routing_mask, tier_policy, verifier_for
 
 logger = logging.getLogger(__name__)
 
@@ -79,76 +77,6 @@ def pretrained_path(name: str | Path) -> str:
     from .models.offline import ensure_cached
 
     return str(ensure_cached(str(name))) if str(name) in OFFLINE_MODELS else str(name)
-
-
-def routing_mask(routing: RoutingMask | Mapping | str | Path | None) -> RoutingMask | None:
-    """A `RoutingMask` from a mask, its dict, a mask YAML path (what `viasd-search` writes) or the name
-    of a mask config (`routing=` names)."""
-    if routing is None or isinstance(routing, RoutingMask):
-        return routing
-    if isinstance(routing, Mapping):
-        return RoutingMask.from_dict(routing)
-    if isinstance(routing, (str, Path)):
-        return named_mask(routing, forms=f"a RoutingMask, {ROUTING_FORMS}")
-    raise TypeError(f"routing must be a RoutingMask, a dict, a YAML path or a mask name, got {type(routing).__name__}")
-
-
-def tier_policy(policy: TierPolicy | Mapping | Sequence | str | Path | None) -> TierPolicy | None:
-    """A `TierPolicy` from a policy, `(tau_accept, tau_slim)`, a dict of `ConfidencePolicy` fields or a
-    Hydra config, a policy YAML path (what `viasd-calibrate` writes) or a policy config's name."""
-    if policy is None or isinstance(policy, TierPolicy):
-        return policy
-    if isinstance(policy, (str, Path)):
-        policy = yaml.safe_load(
-            named_config(
-                "policy",
-                policy,
-                "tier policy",
-                "a TierPolicy, (tau_accept, tau_slim), a policy YAML file (viasd-calibrate writes one)",
-            ).read_text()
-        )
-    if isinstance(policy, Mapping):
-        if "_target_" in policy:
-            built = instantiate(dict(policy))
-            if not isinstance(built, TierPolicy):
-                raise TypeError(f"the policy config builds a {type(built).__name__}, not a TierPolicy")
-            return built
-        return ConfidencePolicy(**policy)  # unknown keys: TypeError naming them; ranges: ValueError
-    if isinstance(policy, Sequence) and len(policy) == 2:
-        tau_accept, tau_slim = (float(t) for t in policy)
-        return ConfidencePolicy(tau_accept=tau_accept, tau_slim=tau_slim)
-    raise TypeError(
-        f"policy must be a TierPolicy, (tau_accept, tau_slim), a dict, a YAML path or a policy name, got {policy!r}"
-    )
-
-
-def verifier_for(
-    target: PreTrainedModel,
-    mask: RoutingMask | None,
-    policy: TierPolicy | None,
-    max_unverified: int = 16,
-    rejudge: bool = True,
-    share_prefix: bool = False,
-) -> Verifier:
-    """The verifier of VIA-SD's Python arguments (`build`'s, `TieredEagle`'s): the one place they
-    become one. `LosslessVerifier` without a policy (tiers off), else a `TieredVerifier` whose slim
-    verifier u is the target routed by `mask` (a view of its weights; conf/verifier/tiered.yaml is
-    the same construction for the commands)."""
-    if policy is None:
-        return LosslessVerifier(target)
-    if mask is None:
-        raise ValueError(
-            "a tier policy needs the slim verifier's routing mask: pass routing= (a mask, its YAML or a"
-            " name; RoutingMask.none() makes the slim verifier the target itself)"
-        )
-    return TieredVerifier(
-        target,
-        slim=functools.partial(SlimModel, mask=mask),
-        policy=policy,
-        max_unverified=max_unverified,
-        rejudge=rejudge,
-        share_prefix=share_prefix,
-    )
 
 
 # ----------------------------------------------------------------------------- checks
@@ -468,8 +396,6 @@ class SpeculativeGenerator:
         criteria built from it; those must be ones the speculative loop reproduces. `seed` and
         `generator` are extra `generate` arguments this hook accepts.
         """
-        from .integrations.transformers import check_prepared, generate_output
-
         if model is not self.target:
             raise ValueError("this SpeculativeGenerator was built for another model: call generate on its target")
         config = copy.copy(generation_config or self.generation_config())

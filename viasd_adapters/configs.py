@@ -18,6 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from . import conf as _config_tree
+from .schema import register as _register_schemas
 
 # Absolute, so console scripts find the configs whatever their working directory.
 CONFIG_DIR = str(Path(_config_tree.__file__).resolve().parent)
@@ -106,3 +107,7 @@ def result_option(key: str, name: str, group: str, custom_dir: bool) -> str:
 # The primary configs name it `${viasd.user_config_dir:}` in `hydra.searchpath`; registering is
 # idempotent, so importing this module (Hydra does, to find CONFIG_DIR) is all it takes.
 OmegaConf.register_new_resolver("viasd.user_config_dir", lambda: str(user_config_dir()), replace=True)
+
+# Every YAML of the runtime and policy groups extends its group's typed `schema` (schema.py), which
+# must be in Hydra's store before a config is composed: importing this module is again all it takes.
+_register_schemas()

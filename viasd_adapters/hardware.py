@@ -75,18 +75,20 @@ class CpuInfo:
 
 
 def parse_cpuinfo(text: str) -> tuple[str | None, set[str]]:
-    """(model name, flags) of the first processor block of a /proc/cpuinfo text."""
-    model, flags = None, set()
+    """(model name, flags) of the first processor block of a /proc/cpuinfo text. A name without a
+    model number (what hypervisors often show: 'AMD EPYC') gets the CPU's family and model numbers,
+    which tell its generation: 'AMD EPYC (family 25, model 17)'."""
+    fields: dict[str, str] = {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
-        if key == "model name" and model is None:
-            model = value.strip()
-        elif key == "flags" and not flags:
-            flags = set(value.split())
-        if model is not None and flags:
+        if not key and fields:  # the end of the first processor block
             break
-    return model, flags
+        fields.setdefault(key, value.strip())
+    model = fields.get("model name")
+    if model and not any(c.isdigit() for c in model) and "cpu family" in fields and "model" in fields:
+        model = f"{model} (family {fields['cpu family']}, model {fields['model']})"
+    return model, set(fields.get("flags", "").split())
 
 
 def cpu_info(cpuinfo_text: str | None = None, environ: dict[str, str] | None = None) -> CpuInfo:

@@ -314,3 +314,49 @@ def test_cpu_time_includes_child_processes():
         child.kill()
         child.wait()
     assert record["cpu_seconds"] >= 0.6  # this process waited: most of the CPU time is the child's
+
+
+def test_a_sharded_run_cut_mid_prompt_resumes_where_it_stopped(tmp_path, monkeypatch):
+    """Two shards of one sweep; the first is cut (an exception, as a preempted machine) after its
+    first prompt and half of its second, then resumed: it keeps the whole prompt, runs the rest
+    once, and the two shards together hold every prompt exactly once."""
+    from viasd_adapters.bench.harness import Harness
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
+
+    def cfg(shard, *extra):
+        return compose_bench(
+            "model_pair=tiny-random", "runtime.dtype=float32", "method=[ar,sd]", "task=jsonl",
+            f"task.prompts_file={prompts}", "repetitions=1", "max_new_tokens=4", "plots=false", "progress=false",
+            f"shard={shard}", "shards=2", f"out_dir={tmp_path / f'shard{shard}'}", *extra,
+        )  # fmt: skip
+
+    generate, calls = Harness._generate, []
+
+    def cut_after_three(self, method, ids, sampling):
+        calls.append(method.name)
+        if len(calls) > 3:
+            raise RuntimeError("preempted")
+        return generate(self, method, ids, sampling)
+
+    monkeypatch.setattr(Harness, "_generate", cut_after_three)
+    with pytest.raises(RuntimeError, match="preempted"):
+        run(cfg(0, "warmup=0"))
+    cut = read_records(tmp_path / "shard0")
+    assert [r["prompt_id"] for r in cut] == ["1", "1"]  # the whole first prompt; the second was cut
+    with (tmp_path / "shard0" / "records.jsonl").open("a") as f:
+        f.write(json.dumps(cut[0]).replace('"1"', '"3"') + '\n{"prompt_id": "3", "re')  # a group cut mid-write
+    monkeypatch.setattr(Harness, "_generate", generate)
+    with pytest.raises(ValueError, match="resume=true to continue"):
+        run(cfg(0, "warmup=0"))
+    with pytest.raises(ValueError, match="max_new_tokens differ"):
+        run(cfg(0, "warmup=0", "resume=true", "max_new_tokens=5"))
+    resumed = run(cfg(0, "warmup=0", "resume=true")).records
+    assert read_records(tmp_path / "shard0") == resumed and resumed[:2] == cut  # kept as written
+    other = run(cfg(1)).records
+    ids = [r["prompt_id"] for r in resumed + other]
+    assert Counter(ids) == {"1": 2, "2": 2, "3": 2, "4": 2}  # every prompt once per method, over both shards
+    assert {r["prompt_id"] for r in resumed} == {"1", "3"}  # shard 0 of 2: prompts 0 and 2
+    with pytest.raises(ValueError, match="shard < shards"):
+        run(cfg(2))

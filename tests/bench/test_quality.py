@@ -60,9 +60,11 @@ def test_continuous_metrics_pair_by_prompt(tmp_path):
     b = _run(tmp_path, "b", [("translation", "bleu", q, [1], 1, 8) for q in (0.0, 1.0, 1.0)])
     (paired,) = paired_quality({"a": load_records(a), "b": load_records(b)}, "b")
     assert paired.difference == pytest.approx(4 / 3)
-    # paired t interval of the differences (1, 1, 2): mean 4/3, sd 0.577, t(2) = 4.303
-    half = 4.303 * 0.57735 / 3**0.5
-    assert paired.low == pytest.approx(4 / 3 - half, abs=1e-3) and paired.high == pytest.approx(4 / 3 + half, abs=1e-3)
+    # paired bootstrap of the differences (1, 1, 2): a resample's mean is 1 with probability
+    # (2/3)^3 = 0.30 and 2 with (1/3)^3 = 0.037, so both 2.5 % tails sit on those values
+    assert (paired.low, paired.high) == (1.0, 2.0)
+    assert paired.drop_bound == -1.0  # the run is better on every prompt: no drop to bound
+    assert paired.p_value == pytest.approx(0.0572, abs=1e-3)  # the paired t test, t = 4, 2 df
     assert paired.only_run is None
 
 
@@ -104,3 +106,16 @@ def test_batched_task_answers_are_scored_and_compared(tmp_path):
     scored = load_records(tmp_path)
     assert {c for c, _ in scored} == {"math_reasoning", "qa", "rag", "summarization", "translation"}
     assert all(1 <= r["new_tokens"] <= 6 and len(r["output_tokens"]) == r["new_tokens"] for r in scored.values())
+
+
+def test_the_drop_bound_at_80_problems_with_a_tenth_discordant_is_about_six_points():
+    """The issue's power figure: 80 problems, 4 won and 4 lost each way (no drop), bound the drop
+    at about 5.8 points one-sided (normal approximation: 1.645 * sqrt(0.1 / 80))."""
+    from viasd_adapters.bench.quality import paired_bootstrap
+
+    run = [1] * 4 + [0] * 4 + [1] * 36 + [0] * 36
+    reference = [0] * 4 + [1] * 4 + [1] * 36 + [0] * 36
+    low, high = paired_bootstrap(run, reference, confidence=0.90)
+    assert -0.07 < low < -0.045 and 0.045 < high < 0.07
+    assert paired_bootstrap(run, reference, confidence=0.90) == (low, high)  # seeded: reproducible
+    assert paired_bootstrap([0.5, 0.7], [0.5, 0.7]) == (0.0, 0.0)  # no spread: the difference itself

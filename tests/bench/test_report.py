@@ -30,6 +30,7 @@ def record(method, prompt_id, rep, tps, tiers, quality=None, metric=None, catego
         "speedup_vs_baseline": tps / 2.0,
         "speedup_vs_host": None,
         "mean_accepted_length": 2.0,
+        "per_token_acceptance": 0.8,
         "rejection_rate": 0.25,
         "tier_counts": tiers,
         "full_calls_per_token": 0.5,
@@ -66,10 +67,10 @@ def test_report_medians_means_and_dashes():
     assert overall["v"]["tok/s"] == 5.0 and overall["v"]["speedup vs ar"] == 2.5
     assert overall["v"]["speedup at equal cores"] == 2.5 and overall["w"]["speedup at equal cores"] is None
     assert overall["ar"]["tier shares"] == {}
-    assert "| v | 3 | 1 | 5.00 | 2.50 | 2.50 | 2.00 | 0.250 | 0.33 / 0.08 / 0.58 |" in text
+    assert "| v | 3 | 1 | 5.00 | 2.50 | 2.50 | 2.00 | 0.800 | 0.250 | 0.33 / 0.08 / 0.58 |" in text
     assert "| w | 1 | 2 | 4.00 | 2.00 | – |" in text
     assert "tier shares (accept/slim/full)" in text and "speedup vs sd" not in text
-    assert "| c | v | 3 | 1 | 5.00 | 2.50 | 2.50 | 2.00 | 0.250 | 1.000 | 1.00 | bleu 30.3 |" in text
+    assert "| c | v | 3 | 1 | 5.00 | 2.50 | 2.50 | 2.00 | 0.800 | 0.250 | 1.000 | 1.00 | bleu 30.3 |" in text
     assert "1-min load average 1.00-1.50 on 2 cores" in text
     costs = {row["method"]: row for row in summary["cost_per_token"]}
     assert costs["v"]["ms/token"] == 200.0 and costs["v"]["overhead ms"] == 50.0

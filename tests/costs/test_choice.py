@@ -14,7 +14,10 @@ def test_the_intel_profile_chooses_sd_in_bf16_and_the_amd_one_greedy_ar():
     assert intel.expected_tokens_per_second == pytest.approx(intel.expected_speedup * 1000 / 216)
     amd = choose_configuration(AMD, D, T, acceptance=0.8, threads=2)
     assert (amd.framework, amd.dtype, amd.num_draft_tokens) == ("ar", "bfloat16", 0)
-    assert "no draft length beats it" in amd.describe()
+    assert "no draft length is predicted to beat it" in amd.describe()
+    margin = choose_configuration(INTEL, D, T, acceptance=0.8, threads=2, min_speedup=intel.expected_speedup + 0.01)
+    assert margin.framework == "ar"  # a speculative option under the margin is not chosen
+    assert choose_configuration(INTEL, D, T, acceptance=0.8, threads=2, min_speedup=intel.expected_speedup) == intel
     with pytest.raises(ValueError, match="run viasd-profile"):
         choose_configuration(INTEL, D, T, acceptance=0.8, threads=1)
 
@@ -71,3 +74,23 @@ def test_a_cheaper_quantised_drafter_wins_the_choice_when_the_profile_has_it():
     assert choice.draft_dtype == int8 and plain.draft_dtype == "bfloat16"
     assert choice.expected_speedup > plain.expected_speedup
     assert int8 in choice.describe()
+
+
+def test_a_precision_whose_step_is_over_1_by_1_minus_a_fastest_steps_is_never_chosen():
+    from viasd_adapters.costs import winnable_dtypes
+
+    # at a = 0.6 a round commits < 2.5 tokens: 250 ms is the ceiling over the 100 ms int8 step
+    profile = profile_of(
+        {
+            (T, "int8"): {1: 100, 8: 220},
+            (T, "bfloat16"): {1: 240, 8: 250},
+            (T, "float32"): {1: 260, 8: 260},  # verifies as cheap as a step: still out of reach
+            (D, "int8"): {1: 0.001},  # a free draft
+        }
+    )
+    dtypes = ["int8", "bfloat16", "float32", "float16"]
+    assert winnable_dtypes(profile, T, dtypes, 0.6, threads=2, context=128) == ["int8", "bfloat16", "float16"]
+    assert winnable_dtypes(profile, T, dtypes, 0.7, threads=2, context=128) == dtypes  # 1 / 0.3: 333 ms
+    for a in (0.6, 0.65):  # the bound is one the choice itself respects, with every forward priced
+        choice = choose_configuration(profile, D, T, a, 2, dtypes=dtypes[:3], draft_dtypes=["int8"], context=128)
+        assert choice.dtype != "float32"

@@ -23,8 +23,12 @@ def test_measure_profile_on_a_tiny_model():
     assert profile.cpu["model"] and profile.hardware and profile.torch_version
     assert profile.model_layers == {"a": 4, "b": 4}
     assert missing_points(profile, grid) is None
-    wider = ProfileGrid(models=["a", "b"], dtypes=["float32", "bfloat16"], threads=[1])
+    wider = ProfileGrid(
+        models=["a", "b"], dtypes=["float32", "bfloat16"], threads=[1], new_tokens=[1, 3], contexts=[0, 8]
+    )
     assert missing_points(profile, wider).dtypes == ["bfloat16"]
+    longer = ProfileGrid(models=["a"], dtypes=["float32"], threads=[1], new_tokens=[1, 3, 5], contexts=[8])
+    assert missing_points(profile, longer).combinations() == [("a", "float32")]  # a forward size it lacks
     with pytest.raises(ValueError, match="at least one model"):
         ProfileGrid(models=[])
 
@@ -56,6 +60,8 @@ def test_quantised_drafter_variants_are_measured_as_the_drafter_runs_them(monkey
         variants=["float32+int8-weight", "float32+int8-dynamic"],
         variant_models=["a"],
         threads=[1],
+        new_tokens=[1, 2],
+        contexts=[4],
     )
     todo = missing_points(profile, wider)
     assert todo.combinations() == [("a", "float32+int8-dynamic")]  # only what the profile lacks
@@ -95,3 +101,36 @@ def test_measure_pair_times_slim_views_prefill_and_the_quantised_drafter(monkeyp
     assert math.isfinite(costs.forward_ms("slim", 6, slim=3))
     with pytest.raises(ValueError, match="window"):
         measure_pair(ModelPair(target, draft), masks, [10_000], [1], [], 1)
+
+
+def test_the_choice_times_every_step_and_verifies_only_where_they_can_win():
+    import copy
+    import time
+
+    from viasd_adapters.costs import measure_for_choice
+
+    fast = tiny(seed=0).model
+    slow = copy.deepcopy(fast)  # a precision whose step is far dearer: a real sleep in every forward
+    slow.register_forward_pre_hook(lambda *_: time.sleep(0.05))
+    loads = []
+
+    def load(name, dtype, device):
+        loads.append((name, dtype))
+        return slow if dtype == "bfloat16" else fast
+
+    grid = ProfileGrid(models=["d", "t"], dtypes=["float32", "bfloat16"], threads=[1], new_tokens=[1, 2, 4], contexts=[8], repeats=1)  # fmt: skip
+    profile, dtypes = measure_for_choice(None, grid, "d", "t", 0.6, 8, load=load, progress=False)
+    assert dtypes == ["float32"]
+    measured = {}
+    for e in profile.entries:
+        measured.setdefault((e.model, e.dtype), []).append(e.new_tokens)
+    measured = {key: sorted(counts) for key, counts in measured.items()}
+    assert measured == {
+        ("d", "float32"): [1],
+        ("d", "bfloat16"): [1],
+        ("t", "float32"): [1, 2, 4],
+        ("t", "bfloat16"): [1],
+    }
+    loads.clear()
+    again, _ = measure_for_choice(profile, grid, "d", "t", 0.6, 8, load=load, progress=False)
+    assert again is profile and not loads  # a cached profile that has it all measures nothing

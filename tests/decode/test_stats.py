@@ -26,3 +26,6 @@ def test_a_round_adds_its_drafts_kept_tokens_tiers_and_whether_it_settled():
     assert (stats.steps, stats.drafted, stats.accepted, stats.settled) == (2, 7, 2, 1)
     assert stats.tier_counts == {"accept": 2, "slim": 1, "full": 1}
     assert stats.acceptance_rate == 2 / 7
+    stats.add_round(3, 3, {Tier.ACCEPT: 3})  # kept whole: three successes and no failure
+    assert stats.rejections == 2
+    assert stats.per_token_acceptance == 5 / 7  # the truncated-geometric MLE: kept / (kept + rejections)

@@ -80,8 +80,12 @@ class BenchSettings:
     host: str | None = "sd"  # a second speed reference (the host framework without tiers)
     roles: dict[str, str] = field(default_factory=lambda: {"full": "target", "slim": "slim"})
     progress: bool = True  # show a tqdm bar
+    shard: int = 0  # this job runs the task's prompts shard, shard + shards, shard + 2 shards, ...
+    shards: int = 1
 
     def __post_init__(self) -> None:
+        if not 0 <= self.shard < self.shards:
+            raise ValueError(f"need 0 <= shard < shards, got shard={self.shard}, shards={self.shards}")
         if self.repetitions < 1:
             raise ValueError(f"repetitions must be >= 1, got {self.repetitions}")
         if self.warmup < 0:
@@ -146,9 +150,11 @@ class Harness:
         with torch_threads(method.threads) as threads:
             return {"threads": threads, "cores": method.decoder.cores(threads)}
 
-    def run(self, sink: Callable[[dict], None] = lambda record: None) -> list[dict]:
-        """Run everything; each finished record goes to `sink` and into the returned list."""
-        prompts, encoded = self._encode(self.task.prompts())
+    def run(self, sink: Callable[[dict], None] = lambda record: None, done: frozenset = frozenset()) -> list[dict]:
+        """Run everything but the (prompt id, repetition) groups in `done` (a resumed run's); each
+        finished record goes to `sink` and into the returned list, a prompt's records together."""
+        shard = self.task.prompts()[self.settings.shard :: self.settings.shards]
+        prompts, encoded = self._encode(shard)
         if "pass@1" in self.task.metrics.values():
             check_execution_enabled()  # fail before the decoding, not after it
         R, P, M = self.settings.repetitions, len(prompts), len(self.methods)
@@ -165,6 +171,9 @@ class Harness:
             for r in range(R):
                 sampling = dataclasses.replace(self.sampling, seed=self.sampling.seed + r)
                 for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
+                    if (prompt.id, r) in done:
+                        bar.update(M)
+                        continue
                     # 2. every method on this prompt, in an order rotated per prompt and repetition
                     done: dict[str, tuple[int, GenerationResult, dict]] = {}
                     for slot, method in enumerate(rotated(self.methods, i + r)):
@@ -250,6 +259,7 @@ class Harness:
             "accepted": stats.accepted,
             "mean_accepted_length": stats.mean_accepted_length,
             "acceptance_rate": stats.acceptance_rate if stats.drafted else None,
+            "per_token_acceptance": stats.per_token_acceptance if stats.drafted else None,
             "rejection_rate": stats.rejection_rate if stats.drafted else None,
             "tier_counts": dict(stats.tier_counts),
             "settled_blocks": stats.settled,  # rounds the slim tier settled without the full model

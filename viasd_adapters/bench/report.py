@@ -75,6 +75,7 @@ def columns(baseline: str, host: str | None, per_category: bool) -> list[Column]
         cols.append(Column(f"speedup vs {host}", "speedup_vs_host", "median"))
     cols += [
         Column("accepted length", "mean_accepted_length", "median"),
+        Column("a (per token)", "per_token_acceptance", "median", "{:.3f}"),
         Column("rejection rate", "rejection_rate", "median", "{:.3f}"),
     ]
     if per_category:

@@ -65,7 +65,7 @@ def run(cfg: DictConfig) -> BenchOutcome:
     num_prompts = len(task.prompts())  # reads and validates the prompt file; the harness reads it again
     sampling = instantiate(cfg.sampling)
 
-    out_dir = _fresh_out_dir(cfg, run_id)
+    out_dir, kept = _out_dir(cfg, run_id)
     (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     set_threads(cfg.runtime.threads)
     logger.info("task %s: %d prompts from %s", task.name, num_prompts, getattr(task, "prompts_file", task.name))
@@ -76,7 +76,7 @@ def run(cfg: DictConfig) -> BenchOutcome:
 
     harness = Harness(methods, pair.target, task, sampling, settings, _context(cfg, run_id))
     begin = time.perf_counter()
-    records = _run_into(harness, out_dir / RECORDS)
+    records = kept + _run_into(harness, out_dir / RECORDS, kept)
     bench_seconds = time.perf_counter() - begin
 
     table = _write_tables(cfg, out_dir, harness, records)
@@ -109,15 +109,62 @@ def _settings(cfg: DictConfig) -> BenchSettings:
         host=cfg.host,
         roles=OmegaConf.to_container(cfg.roles),
         progress=cfg.progress,
+        shard=cfg.shard,
+        shards=cfg.shards,
     )
 
 
-def _fresh_out_dir(cfg: DictConfig, run_id: str) -> Path:
+# Keys a resumed run may change: where and how it reports, not what it measures.
+RESUMABLE_CHANGES = ("resume", "progress", "plots")
+
+
+def _out_dir(cfg: DictConfig, run_id: str) -> tuple[Path, list[dict]]:
+    """The run directory, and the records a resumed run keeps: those of the (prompt, repetition)
+    groups its records.jsonl holds whole (a group cut short is dropped, and runs again)."""
     out_dir = Path(cfg.out_dir or f"outputs/bench/{run_id}")
-    if (out_dir / RECORDS).exists():
-        raise ValueError(f"{out_dir / RECORDS} exists already: pick a fresh out_dir")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return out_dir
+    path = out_dir / RECORDS
+    if not path.exists():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return out_dir, []
+    if not cfg.resume:
+        raise ValueError(f"{path} exists already: pick a fresh out_dir, or resume=true to continue that run")
+    _check_same_run(cfg, out_dir / "config.yaml")
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if number < len(lines):  # only the last line can be cut mid-write; its group runs again
+                raise ValueError(f"{path}:{number} is not a JSON record: pick a fresh out_dir") from err
+    groups: dict[tuple, list[dict]] = {}
+    for record in records:
+        groups.setdefault((record["prompt_id"], record["rep"]), []).append(record)
+    kept = [r for group in groups.values() if len(group) == len(cfg.method) for r in group]
+    logger.info(
+        "resuming %s: %d whole prompt groups kept, %d records dropped",
+        out_dir,
+        len(kept) // len(cfg.method),
+        len(records) - len(kept),
+    )
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    tmp.replace(path)  # the kept records, whole, before anything is appended
+    return out_dir, kept
+
+
+def _check_same_run(cfg: DictConfig, saved: Path) -> None:
+    """A resumed run must measure what it started measuring: its settings, bar `RESUMABLE_CHANGES`."""
+    if not saved.is_file():
+        raise ValueError(f"{saved} is missing: this directory was not written by viasd-bench; pick a fresh out_dir")
+    before = OmegaConf.to_container(OmegaConf.load(saved))
+    now = OmegaConf.to_container(OmegaConf.create(OmegaConf.to_yaml(cfg, resolve=True)))
+    changed = sorted(k for k in set(before) | set(now) if k not in RESUMABLE_CHANGES and before.get(k) != now.get(k))
+    if changed:
+        raise ValueError(
+            f"resume=true continues the run in {saved.parent}, but {', '.join(changed)} differ from its config.yaml:"
+            " run with the same settings, or pick a fresh out_dir"
+        )
 
 
 def _load_methods(cfg: DictConfig) -> tuple:
@@ -142,15 +189,16 @@ def _context(cfg: DictConfig, run_id: str) -> dict:
     }
 
 
-def _run_into(harness: Harness, path: Path) -> list[dict]:
-    """Run the harness, writing each record to `path` as it finishes."""
-    with path.open("w", encoding="utf-8") as f:
+def _run_into(harness: Harness, path: Path, kept: list[dict]) -> list[dict]:
+    """Run the harness but for the groups `kept` holds, appending each record to `path` as it finishes."""
+    done = frozenset((r["prompt_id"], r["rep"]) for r in kept)
+    with path.open("a", encoding="utf-8") as f:
 
         def sink(record: dict) -> None:
             f.write(json.dumps(record) + "\n")
             f.flush()
 
-        return harness.run(sink)
+        return harness.run(sink, done)
 
 
 def _write_tables(cfg: DictConfig, out_dir: Path, harness: Harness, records: list[dict]) -> str:

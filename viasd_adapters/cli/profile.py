@@ -20,8 +20,7 @@ from ..costs import (
     choose_configuration,
     default_profile_path,
     load_profile,
-    measure_profile,
-    missing_points,
+    measure_for_choice,
     split_variant,
     usable_threads,
 )
@@ -64,20 +63,21 @@ def pair_loader(model_pair: DictConfig):
     return load
 
 
-def ensure_profile(
-    grid: ProfileGrid, path: Path, device: str, load=None, remeasure: bool = False, progress: bool = True
-) -> tuple[LatencyProfile, bool]:
-    """The cached profile at `path`, after measuring whatever part of `grid` it lacks."""
-    cached = None if remeasure or not path.exists() else load_profile(path, device)
-    todo = missing_points(cached, grid, device)
-    if todo is None:
-        return cached, False
-    logger.info("measuring the latency profile: %d model x dtype x threads x context points", todo.points)
-    fresh = measure_profile(todo, device, load, progress=progress)
-    profile = cached.merge(fresh) if cached else fresh
-    profile.save(path)
-    logger.info("latency profile cached in %s", path)
-    return profile, True
+def ensure_profile(cfg: DictConfig, grid: ProfileGrid, path: Path, load=None) -> tuple[LatencyProfile, list[str], bool]:
+    """The cached profile at `path` after measuring what the pair's choice needs of `grid` and it
+    lacks (`costs.measure_for_choice`), the target precisions left to choose among, and whether
+    anything was measured."""
+    cached = None if cfg.remeasure or not path.exists() else load_profile(path, cfg.runtime.device)
+    pair = cfg.model_pair
+    profile, dtypes = measure_for_choice(
+        cached, grid, pair.draft.name, pair.target.name, cfg.acceptance, cfg.context, cfg.runtime.device, load,
+        cfg.progress,
+    )  # fmt: skip
+    measured = profile is not cached
+    if measured:
+        profile.save(path)
+        logger.info("latency profile cached in %s", path)
+    return profile, dtypes, measured
 
 
 def decode_both(cfg: DictConfig, profile: LatencyProfile, choice: Choice) -> list[Decoded]:
@@ -120,7 +120,7 @@ def run(cfg: DictConfig) -> ProfileOutcome:
     if torch.device(device).type != "cpu":  # int8 has CPU kernels only: profile the rest
         grid.dtypes = [d for d in grid.dtypes if d not in QUANTIZED_PRECISIONS]
     path = Path(cfg.profile_path) if cfg.profile_path else default_profile_path(device)
-    profile, measured = ensure_profile(grid, path, device, pair_loader(cfg.model_pair), cfg.remeasure, cfg.progress)
+    profile, dtypes, measured = ensure_profile(cfg, grid, path, pair_loader(cfg.model_pair))
     threads = [cfg.runtime.threads] if cfg.runtime.threads else usable_threads(grid.threads, device)
     choice = choose_configuration(
         profile,
@@ -128,10 +128,11 @@ def run(cfg: DictConfig) -> ProfileOutcome:
         cfg.model_pair.target.name,
         cfg.acceptance,
         threads,
-        dtypes=grid.dtypes,
+        dtypes=dtypes,
         draft_dtypes=grid.dtypes + grid.variants,
         k_max=cfg.k_max,
         context=cfg.context,
+        min_speedup=cfg.min_speedup,
     )
     decoded = []
     if cfg.prompt:

@@ -17,8 +17,16 @@ from .auto import (
     profiled_draft_length,
 )
 from .breakeven import settled_share_needed, slim_ratio_needed
-from .choice import Choice, choose_configuration
-from .measure import ProfileGrid, measure_pair, measure_profile, missing_points, usable_threads
+from .choice import Choice, choose_configuration, winnable_dtypes
+from .measure import (
+    ProfileGrid,
+    measure_for_choice,
+    measure_missing,
+    measure_pair,
+    measure_profile,
+    missing_points,
+    usable_threads,
+)
 from .model import ROLES, CostModel, Line, attention_share, fit_line
 from .profile import (
     FORMAT,
@@ -51,6 +59,8 @@ __all__ = [
     "fit_line",
     "load_profile",
     "measure_cost_ratio",
+    "measure_for_choice",
+    "measure_missing",
     "measure_pair",
     "measure_profile",
     "missing_points",
@@ -61,4 +71,5 @@ __all__ = [
     "split_variant",
     "time_forwards",
     "usable_threads",
+    "winnable_dtypes",
 ]

@@ -96,9 +96,11 @@ class ProfiledDrafter(ModelDrafter):
         draft_dtype: str,
         device: str = "cpu",
         profile_path: str | None = None,
+        acceptance: float = 0.6,
         **drafter_settings,
     ):
-        variant = chosen_draft_variant(draft, target, dtype, draft_dtype, device, profile_path)
+        """`acceptance`: the pair's per-token acceptance, at which the variant is chosen."""
+        variant = chosen_draft_variant(draft, target, dtype, draft_dtype, device, profile_path, acceptance)
         super().__init__(model, quantize=split_variant(variant)[1], **drafter_settings)
 
 
@@ -114,7 +116,8 @@ def profiled_draft_length(
 ) -> AdaptiveDraftLength:
     """`AdaptiveDraftLength` on the chosen drafter's costs; K may be 0 (a greedy AR step) where
     no block pays at the acceptance observed."""
-    variant = chosen_draft_variant(draft, target, dtype, draft_dtype, device, profile_path)
+    acceptance = schedule_settings.get("prior_acceptance", 0.6)
+    variant = chosen_draft_variant(draft, target, dtype, draft_dtype, device, profile_path, acceptance)
     return adaptive_draft_length(
         draft, target, dtype, variant, profile_path=profile_path, device=device, k_min=k_min, **schedule_settings
     )

@@ -28,7 +28,7 @@ class Choice:
 
     def describe(self) -> str:
         if self.framework == "ar":
-            return f"greedy AR in {self.dtype} ({self.threads} thread{'s' if self.threads > 1 else ''}): no draft length beats it at a = {self.acceptance:.2f}"
+            return f"greedy AR in {self.dtype} ({self.threads} thread{'s' if self.threads > 1 else ''}): no draft length is predicted to beat it (by the margin asked) at a = {self.acceptance:.2f}"
         return (
             f"SD, target {self.dtype}, draft {self.draft_dtype}, K = {self.num_draft_tokens} at first"
             f" (adapted to the observed acceptance), {self.threads} thread{'s' if self.threads > 1 else ''}: expected"
@@ -93,6 +93,7 @@ def choose_configuration(
     draft_dtypes: Iterable[str] | None = None,
     k_max: int = 8,
     context: int = 256,
+    min_speedup: float = 1.0,
 ) -> Choice:
     """The (threads, target dtype, draft dtype, K) with the most expected tokens per second.
 
@@ -100,13 +101,17 @@ def choose_configuration(
     pair whose drafting cannot pay on this device decodes greedily. Given several thread
     counts, the fastest wins (on a busy host one thread can beat two). Dtypes and thread counts
     the profile lacks are skipped (an error when none is left). `draft_dtypes` may name
-    quantised variants ("bfloat16+int8-weight"); default: `dtypes`.
+    quantised variants ("bfloat16+int8-weight"); default: `dtypes`. A speculative option must
+    be expected to run at least `min_speedup` times the fastest AR to be chosen: the model prices
+    a round's forwards only, not what else a round costs.
     """
     dtypes = list(dtypes)
     draft_dtypes = list(draft_dtypes or dtypes)
     best: Choice | None = None
     for t in [threads] if isinstance(threads, int) else list(threads):
         for option in _options_at(profile, draft, target, acceptance, t, dtypes, draft_dtypes, k_max, context):
+            if option.framework == "sd" and option.expected_speedup < min_speedup:
+                continue
             # strictly faster only: on a tie the first option considered (AR before SD) stays
             if best is None or option.expected_tokens_per_second > best.expected_tokens_per_second:
                 best = option
@@ -116,3 +121,21 @@ def choose_configuration(
             " run viasd-profile for this pair and thread count"
         )
     return best
+
+
+def winnable_dtypes(
+    profile: LatencyProfile, target: str, dtypes: Iterable[str], acceptance: float, threads: int, context: int = 256
+) -> list[str]:
+    """The target precisions, of those whose one-token step `profile` has, that some configuration
+    could make fastest at per-token acceptance `acceptance`.
+
+    A round commits at most 1 / (1 - a) tokens on average however long its draft, and costs at
+    least one one-token step (a free draft, a verify no dearer than a step). So a precision whose
+    step is more than 1 / (1 - a) times the fastest step can never beat that precision's AR: its
+    multi-token forwards need not be measured. A precision without a step in `profile` is kept.
+    """
+    steps = {d: profile.ms(target, d, threads, 1, context) for d in dtypes if profile.has(target, d, threads)}
+    if not steps:
+        return list(dtypes)
+    ceiling = min(steps.values()) / (1.0 - acceptance)
+    return [d for d in dtypes if d not in steps or steps[d] <= ceiling]

@@ -3,6 +3,7 @@ and the measurement itself (every point timed with `costs.timing.time_forwards`)
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import os
@@ -17,6 +18,7 @@ from ..hardware import cpu_info, device_label
 from ..models import ModelSpec, load_model
 from ..models.quantize import QUANTIZATIONS, quantized_copy
 from ..routing import RoutingMask, SlimModel
+from .choice import winnable_dtypes
 from .model import attention_share
 from .profile import LatencyEntry, LatencyProfile, split_variant
 from .timing import time_forwards
@@ -36,7 +38,7 @@ class ProfileGrid:
     dtypes: list[str] = field(default_factory=lambda: ["bfloat16", "float32"])  # every model is measured in each
     variants: list[str] = field(default_factory=list)  # e.g. ["bfloat16+int8-weight"]
     variant_models: list[str] = field(default_factory=list)  # the models measured in `variants` too
-    threads: list[int] = field(default_factory=lambda: [1, 2])  # clipped to the cores there are
+    threads: list[int] | None = None  # clipped to the cores there are; None: the cores there are
     new_tokens: list[int] = field(default_factory=lambda: [1, 2, 4, 6, 8, 12])  # tokens fed per forward
     contexts: list[int] = field(default_factory=lambda: [128, 512])  # tokens cached before each forward
     prefill: list[int] = field(default_factory=list)  # prompt lengths also timed from an empty cache (context 0)
@@ -57,6 +59,8 @@ class ProfileGrid:
                     f"variant {variant!r} is not <dtype>+<quantization> with a quantization of"
                     f" {sorted(QUANTIZATIONS)}, e.g. bfloat16+int8-weight"
                 )
+        if self.threads is None:
+            self.threads = [cpu_info().logical_cores]
         for name in ("dtypes", "threads", "new_tokens", "contexts"):
             if not getattr(self, name):
                 raise ValueError(f"{name} must not be empty")
@@ -229,12 +233,21 @@ def _load_from_zoo(name: str, dtype: str, device: str) -> torch.nn.Module:
 
 
 def missing_points(profile: LatencyProfile | None, grid: ProfileGrid, device: str = "cpu") -> ProfileGrid | None:
-    """The part of `grid` (whole models x dtypes) `profile` lacks at the thread counts this
-    machine can run; None if nothing."""
+    """The part of `grid` (whole models x dtypes, each with all of `grid`'s forwards) that `profile`
+    lacks any point of at the thread counts this machine can run; None if nothing."""
     if profile is None:
         return grid
     threads = usable_threads(grid.threads, device)
-    need = [(m, d) for m, d in grid.combinations() if not all(profile.has(m, d, t) for t in threads)]
+    wanted = {(c, n) for c in grid.contexts for n in grid.new_tokens} | {(0, n) for n in grid.prefill}
+
+    def complete(model: str, dtype: str, t: int) -> bool:
+        try:
+            measured = {(e.context, e.new_tokens) for e in profile.entries_of(model, dtype, t) if e.layers is None}
+        except KeyError:
+            return False
+        return wanted <= measured
+
+    need = [(m, d) for m, d in grid.combinations() if not all(complete(m, d, t) for t in threads)]
     if not need:
         return None
     plain = [(m, d) for m, d in need if d in grid.dtypes]
@@ -250,3 +263,64 @@ def missing_points(profile: LatencyProfile | None, grid: ProfileGrid, device: st
         prefill=grid.prefill,
         repeats=grid.repeats,
     )
+
+
+def measure_missing(
+    profile: LatencyProfile | None,
+    grid: ProfileGrid,
+    device: str = "cpu",
+    load: Callable[[str, str, str], torch.nn.Module] | None = None,
+    progress: bool = True,
+) -> LatencyProfile | None:
+    """`profile` with whatever part of `grid` it lacks measured and merged in."""
+    todo = missing_points(profile, grid, device)
+    if todo is None:
+        return profile
+    logger.info("measuring the latency profile: %d model x dtype x threads x context points", todo.points)
+    fresh = measure_profile(todo, device, load, progress=progress)
+    return profile.merge(fresh) if profile else fresh
+
+
+def measure_for_choice(
+    profile: LatencyProfile | None,
+    grid: ProfileGrid,
+    draft: str,
+    target: str,
+    acceptance: float,
+    context: int,
+    device: str = "cpu",
+    load: Callable[[str, str, str], torch.nn.Module] | None = None,
+    progress: bool = True,
+) -> tuple[LatencyProfile, list[str]]:
+    """What `choose_configuration` needs of `grid` for the pair, measured where `profile` lacks it,
+    and the target precisions it may choose among.
+
+    First every model's one-token step in every precision of `grid`: all a draft is priced by, and
+    the bound of `winnable_dtypes`. Then the target's multi-token forwards, only in the precisions
+    that bound leaves: a precision whose step is several times the fastest one's is never timed further.
+    """
+    steps = dataclasses.replace(grid, new_tokens=[1], prefill=[])
+    profile = measure_missing(profile, steps, device, load, progress)
+    threads = usable_threads(grid.threads, device)
+    kept = [
+        d
+        for d in grid.dtypes
+        if any(d in winnable_dtypes(profile, target, grid.dtypes, acceptance, t, context) for t in threads)
+    ]
+    for dtype in sorted(set(grid.dtypes) - set(kept), key=grid.dtypes.index):
+        logger.info(
+            "%s in %s cannot be the fastest at acceptance %.2f: its one-token step exceeds 1/(1 - a) times the"
+            " fastest one; its verify costs are not measured",
+            target,
+            dtype,
+            acceptance,
+        )
+    verifies = ProfileGrid(
+        models=[target],
+        dtypes=kept,
+        threads=grid.threads,
+        new_tokens=grid.new_tokens,
+        contexts=grid.contexts,
+        repeats=grid.repeats,
+    )
+    return measure_missing(profile, verifies, device, load, progress), kept

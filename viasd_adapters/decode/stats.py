@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from ..runner import CallStats
+from .schedule import acceptance_from_rounds
 
 
 @dataclass
@@ -18,6 +19,7 @@ class DecodeStats:
     steps: int = 0  # verification rounds (AR: one per token)
     drafted: int = 0  # draft tokens proposed
     accepted: int = 0  # draft tokens committed unchanged
+    rejections: int = 0  # rounds that ended on a draft token not committed unchanged
     tier_counts: Counter = field(default_factory=Counter)  # draft tokens decided per tier
     settled: int = 0  # verification rounds the slim tier settled, no forward of the full model
     model_calls: dict[str, CallStats] = field(default_factory=dict)  # cost per model
@@ -29,6 +31,7 @@ class DecodeStats:
         self.steps += 1
         self.drafted += drafted
         self.accepted += accepted
+        self.rejections += accepted < drafted
         self.tier_counts.update(tier_counts)
         self.settled += settled
 
@@ -47,6 +50,12 @@ class DecodeStats:
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
+    def per_token_acceptance(self) -> float:
+        """Maximum-likelihood per-token acceptance a (`schedule.acceptance_from_rounds`): the `a`
+        of Leviathan's speedup, which the automatic choice assumes for a pair."""
+        return acceptance_from_rounds(self.accepted, self.rejections)
+
+    @property
     def rejection_rate(self) -> float:
         """Draft tokens not committed unchanged / drafted (1 - acceptance rate)."""
         return 1.0 - self.acceptance_rate if self.drafted else 0.0
@@ -63,6 +72,12 @@ class DecodeStats:
     def to_dict(self) -> dict:
         record = asdict(self)
         record["tier_counts"] = dict(self.tier_counts)
-        for name in ("tokens_per_second", "mean_accepted_length", "acceptance_rate", "rejection_rate"):
+        for name in (
+            "tokens_per_second",
+            "mean_accepted_length",
+            "acceptance_rate",
+            "per_token_acceptance",
+            "rejection_rate",
+        ):
             record[name] = getattr(self, name)
         return record

@@ -47,6 +47,7 @@ from ..routing import RoutingMask
 from ..runner import CallStats
 from ..sampling import Sampler, SamplingConfig
 from ..verify import LosslessVerifier, Tier, TieredVerifier, TierPolicy, Verdict, Verifier
+from ..verify.arguments import routing_mask, verifier_for
 from ..verify.tree import DraftTree, TreeAcceptance, TreeJudge, TreeVerdict
 
 try:
@@ -219,8 +220,6 @@ def tiers_verifier(
 ) -> Verifier:
     """The verifier of `TieredEagle`'s Python arguments: `LosslessVerifier` (stock EAGLE) without a
     policy, else a `TieredVerifier` whose slim verifier is the target routed by `routing`."""
-    from ..api import routing_mask, verifier_for
-
     if policy is not None and routing is None:
         raise ValueError("a tier policy needs a slim verifier: pass routing (RoutingMask.none() for the target itself)")
     base = ea_model.base_model

@@ -139,6 +139,7 @@ def write_policy(path: Path, best: ThresholdResult, met: bool, target_agreement:
     }
     header = "".join(f"# {line}\n" for line in yaml.safe_dump(provenance, sort_keys=False).splitlines())
     body = {
+        "defaults": ["schema", "_self_"],  # the policy group's typed schema (viasd_adapters/schema.py)
         "_target_": "viasd_adapters.verify.ConfidencePolicy",
         "tau_accept": best.tau_accept,
         "tau_draft": 0.0,

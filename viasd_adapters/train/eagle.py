@@ -190,10 +190,6 @@ def answer_id(prompt_id: str, sample: int) -> str:
     return prompt_id if sample == 0 else f"{prompt_id}#{sample}"
 
 
-def prompt_of(answer: str) -> str:
-    return answer.split("#", 1)[0]
-
-
 @torch.no_grad()
 def generate_answers(
     loaded: LoadedModel, prompts: list[tuple[str, str]], cfg: DataConfig, path: Path, progress: bool = True

@@ -103,11 +103,14 @@ class CorpusConfig:
 
 
 # ----------------------------------------------------------------------------- stage 1: the plan
+def prompt_of(answer_id: str) -> str:
+    """The prompt id of an answer id ("<prompt id>#<sampled round>" for a sampled answer)."""
+    return answer_id.split("#", 1)[0]
+
+
 def generation_sequences(generations: list[dict], max_seq_len: int) -> list[dict]:
     """Self-distillation answers (`eagle.generate_answers` rows) as plan entries: prompt + answer
     cut to `max_seq_len`, loss mask on the answer; answers the cut leaves empty are dropped."""
-    from .eagle import prompt_of
-
     out = []
     for g in generations:
         ids = (g["prompt_ids"] + g["answer_ids"])[:max_seq_len]

@@ -1,0 +1,45 @@
+"""The typed schema under the shared config groups, registered in Hydra's ConfigStore.
+
+Each group's YAML files (conf/runtime/, conf/policy/) list their group's `schema` first in their
+defaults, so Hydra merges them over these dataclasses: a misspelt key, a missing one or a value of
+the wrong type (`runtime.threads=two`) fails while the config is composed, naming the key, before
+anything loads. The values and their documentation stay in the YAML files; a schema holds types.
+Ranges (a threshold in [0, 1], a known precision) are checked by the classes the configs build
+and by `checks.check_runtime`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class RuntimeConfig:
+    """Where and how the models run: the `runtime` group every command selects."""
+
+    device: str = MISSING  # a torch device string: cpu, cuda:1, mps, ...
+    dtype: str = MISSING  # the target's precision: float32, bfloat16, float16, int8 (int8 weights and activations)
+    draft_dtype: str = MISSING  # the drafter's precision, the same names
+    threads: int | None = MISSING  # torch intra-op threads; null: torch's default
+    compile: Any = MISSING  # the compiled decode step: auto, true or false (OmegaConf has no bool-or-str type)
+
+
+@dataclass
+class ConfidencePolicyConfig:
+    """The tier thresholds (`verify.ConfidencePolicy`): the `policy` group."""
+
+    _target_: str = "viasd_adapters.verify.ConfidencePolicy"
+    tau_accept: float = MISSING
+    tau_draft: float = MISSING
+    tau_slim: float = MISSING
+
+
+def register(store: ConfigStore | None = None) -> None:
+    """Put the schemas in Hydra's store as `<group>/schema` (idempotent: a later store replaces)."""
+    store = store or ConfigStore.instance()
+    store.store(group="runtime", name="schema", node=RuntimeConfig)
+    store.store(group="policy", name="schema", node=ConfidencePolicyConfig)
