@@ -133,15 +133,18 @@ def test_every_command_reads_the_one_runtime_group(command):
         ("runtime.threads=two", "runtime.threads"),
         ("runtime.device=[cpu]", "runtime.device"),
         ("policy.tau_accept=high", "policy.tau_accept"),
+        ("framework.name=[sd]", "framework.name"),
+        ("verifier=tiered verifier.max_unverified=many", "verifier.max_unverified"),
+        ("verifier=tiered verifier.rejudge=maybe", "verifier.rejudge"),
     ],
 )
-def test_a_mistyped_runtime_or_policy_key_fails_while_composing_naming_it(override, key):
+def test_a_mistyped_config_value_fails_while_composing_naming_it(override, key):
     """The groups' typed schemas (schema.py) catch these before any config is instantiated: without
-    them Hydra would compose all three and the mistake would surface later or never."""
+    them Hydra would compose all six and the mistake would surface later or never."""
     from hydra.errors import ConfigCompositionException
 
     with pytest.raises(ConfigCompositionException) as caught:
-        compose_generate(override)
+        compose_generate(*override.split())
     assert key in str(caught.value) + str(caught.value.__cause__)
 
 

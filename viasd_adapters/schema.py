@@ -1,7 +1,7 @@
 """The typed schema under the shared config groups, registered in Hydra's ConfigStore.
 
-Each group's YAML files (conf/runtime/, conf/policy/) list their group's `schema` first in their
-defaults, so Hydra merges them over these dataclasses: a misspelt key, a missing one or a value of
+Each group's YAML files (conf/runtime/, conf/policy/, conf/framework/; conf/verifier/tiered.yaml)
+list their group's schema first in their defaults, so Hydra merges them over these dataclasses: a misspelt key, a missing one or a value of
 the wrong type (`runtime.threads=two`) fails while the config is composed, naming the key, before
 anything loads. The values and their documentation stay in the YAML files; a schema holds types.
 Ranges (a threshold in [0, 1], a known precision) are checked by the classes the configs build
@@ -38,8 +38,32 @@ class ConfidencePolicyConfig:
     tau_slim: float = MISSING
 
 
+@dataclass
+class HostConfig:
+    """A host loop as the commands build it (`pipeline.build_decoder`): the `framework` group."""
+
+    name: str = MISSING  # its host registry key (hosts/registry.py): ar, sd, lookup, pearl, eagle, ...
+    drafter: Any = MISSING  # the drafter node (`_target_` and its settings), or null for hosts without one
+    decoder: Any = MISSING  # the decoder node: the host's loop and its settings
+
+
+@dataclass
+class TieredVerifierConfig:
+    """VIA-SD's three tiers (`verify.TieredVerifier`): conf/verifier/tiered.yaml and what extends it."""
+
+    _target_: str = "viasd_adapters.verify.TieredVerifier"
+    slim: Any = MISSING  # the slim verifier: a routed view of the target (a node), or pair.draft
+    policy: Any = MISSING  # the tier thresholds (a policy node), or null: tiers off
+    max_unverified: int = MISSING
+    rejudge: bool = MISSING
+    share_prefix: bool = MISSING
+    gate: Any = MISSING  # a block gate node, or null
+
+
 def register(store: ConfigStore | None = None) -> None:
     """Put the schemas in Hydra's store as `<group>/schema` (idempotent: a later store replaces)."""
     store = store or ConfigStore.instance()
     store.store(group="runtime", name="schema", node=RuntimeConfig)
     store.store(group="policy", name="schema", node=ConfidencePolicyConfig)
+    store.store(group="framework", name="schema", node=HostConfig)
+    store.store(group="verifier", name="tiered_schema", node=TieredVerifierConfig)
