@@ -8,7 +8,7 @@ import logging
 
 import torch
 
-from ..decode.schedule import AdaptiveDraftLength, DraftCosts
+from ..decode.schedule import ASSUMED_ACCEPTANCE, AdaptiveDraftLength, DraftCosts
 from ..draft import ModelDrafter
 from .choice import choose_configuration
 from .profile import load_profile, split_variant
@@ -54,7 +54,7 @@ def chosen_draft_variant(
     draft_dtype: str,
     device: str = "cpu",
     profile_path: str | None = None,
-    acceptance: float = 0.6,
+    acceptance: float = ASSUMED_ACCEPTANCE,
     k_max: int = 8,
     context: int = 256,
 ) -> str:
@@ -96,7 +96,7 @@ class ProfiledDrafter(ModelDrafter):
         draft_dtype: str,
         device: str = "cpu",
         profile_path: str | None = None,
-        acceptance: float = 0.6,
+        acceptance: float = ASSUMED_ACCEPTANCE,
         **drafter_settings,
     ):
         """`acceptance`: the pair's per-token acceptance, at which the variant is chosen."""
@@ -116,7 +116,7 @@ def profiled_draft_length(
 ) -> AdaptiveDraftLength:
     """`AdaptiveDraftLength` on the chosen drafter's costs; K may be 0 (a greedy AR step) where
     no block pays at the acceptance observed."""
-    acceptance = schedule_settings.get("prior_acceptance", 0.6)
+    acceptance = schedule_settings.get("prior_acceptance", ASSUMED_ACCEPTANCE)
     variant = chosen_draft_variant(draft, target, dtype, draft_dtype, device, profile_path, acceptance)
     return adaptive_draft_length(
         draft, target, dtype, variant, profile_path=profile_path, device=device, k_min=k_min, **schedule_settings

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
+# The per-token acceptance assumed for a pair whose config states none (a model pair's `acceptance`).
+ASSUMED_ACCEPTANCE = 0.6
+
 
 def expected_tokens_per_round(a: float, k: int) -> float:
     """Mean tokens one round commits: kept drafts + the verifier's token, 1 + a + ... + a^K."""
@@ -127,7 +130,7 @@ class AdaptiveDraftLength(DraftLength):
         costs: DraftCosts | Callable[[int], DraftCosts],
         k_max: int = 8,
         k_min: int = 1,
-        prior_acceptance: float = 0.6,
+        prior_acceptance: float = ASSUMED_ACCEPTANCE,
         prior_rounds: float = 2.0,
         window: int = 8,
     ):
