@@ -358,5 +358,10 @@ def test_a_sharded_run_cut_mid_prompt_resumes_where_it_stopped(tmp_path, monkeyp
     ids = [r["prompt_id"] for r in resumed + other]
     assert Counter(ids) == {"1": 2, "2": 2, "3": 2, "4": 2}  # every prompt once per method, over both shards
     assert {r["prompt_id"] for r in resumed} == {"1", "3"}  # shard 0 of 2: prompts 0 and 2
+    # a kept prompt after one that runs again (its records lost) is still skipped
+    path = tmp_path / "shard1" / "records.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in other if r["prompt_id"] == "4"))
+    again = run(cfg(1, "resume=true")).records
+    assert Counter(r["prompt_id"] for r in again) == {"2": 2, "4": 2}
     with pytest.raises(ValueError, match="shard < shards"):
         run(cfg(2))

@@ -150,8 +150,8 @@ class Harness:
         with torch_threads(method.threads) as threads:
             return {"threads": threads, "cores": method.decoder.cores(threads)}
 
-    def run(self, sink: Callable[[dict], None] = lambda record: None, done: frozenset = frozenset()) -> list[dict]:
-        """Run everything but the (prompt id, repetition) groups in `done` (a resumed run's); each
+    def run(self, sink: Callable[[dict], None] = lambda record: None, skip: frozenset = frozenset()) -> list[dict]:
+        """Run everything but the (prompt id, repetition) groups in `skip` (a resumed run's); each
         finished record goes to `sink` and into the returned list, a prompt's records together."""
         shard = self.task.prompts()[self.settings.shard :: self.settings.shards]
         prompts, encoded = self._encode(shard)
@@ -171,7 +171,7 @@ class Harness:
             for r in range(R):
                 sampling = dataclasses.replace(self.sampling, seed=self.sampling.seed + r)
                 for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
-                    if (prompt.id, r) in done:
+                    if (prompt.id, r) in skip:
                         bar.update(M)
                         continue
                     # 2. every method on this prompt, in an order rotated per prompt and repetition

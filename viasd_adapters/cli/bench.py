@@ -191,14 +191,14 @@ def _context(cfg: DictConfig, run_id: str) -> dict:
 
 def _run_into(harness: Harness, path: Path, kept: list[dict]) -> list[dict]:
     """Run the harness but for the groups `kept` holds, appending each record to `path` as it finishes."""
-    done = frozenset((r["prompt_id"], r["rep"]) for r in kept)
+    skip = frozenset((r["prompt_id"], r["rep"]) for r in kept)
     with path.open("a", encoding="utf-8") as f:
 
         def sink(record: dict) -> None:
             f.write(json.dumps(record) + "\n")
             f.flush()
 
-        return harness.run(sink, done)
+        return harness.run(sink, skip)
 
 
 def _write_tables(cfg: DictConfig, out_dir: Path, harness: Harness, records: list[dict]) -> str:
