@@ -108,6 +108,6 @@ def result_option(key: str, name: str, group: str, custom_dir: bool) -> str:
 # idempotent, so importing this module (Hydra does, to find CONFIG_DIR) is all it takes.
 OmegaConf.register_new_resolver("viasd.user_config_dir", lambda: str(user_config_dir()), replace=True)
 
-# Every YAML of the runtime and policy groups extends its group's typed `schema` (schema.py), which
-# must be in Hydra's store before a config is composed: importing this module is again all it takes.
+# The runtime, policy and framework YAMLs and verifier/tiered.yaml extend typed schemas (schema.py),
+# which must be in Hydra's store before a config is composed: importing this module is again all it takes.
 _register_schemas()

@@ -1,9 +1,9 @@
 """The typed schema under the shared config groups, registered in Hydra's ConfigStore.
 
-Each group's YAML files (conf/runtime/, conf/policy/, conf/framework/; conf/verifier/tiered.yaml)
-list their group's schema first in their defaults, so Hydra merges them over these dataclasses: a misspelt key, a missing one or a value of
-the wrong type (`runtime.threads=two`) fails while the config is composed, naming the key, before
-anything loads. The values and their documentation stay in the YAML files; a schema holds types.
+The YAML files of conf/runtime/, conf/policy/ and conf/framework/, and conf/verifier/tiered.yaml,
+list their schema first in their defaults, so Hydra merges them over these dataclasses: a
+misspelt key, a missing one or a value of the wrong type (`runtime.threads=two`) fails while the
+config is composed, naming the key, before anything loads. The values and their documentation stay in the YAML files; a schema holds types.
 Ranges (a threshold in [0, 1], a known precision) are checked by the classes the configs build
 and by `checks.check_runtime`.
 """
@@ -61,7 +61,8 @@ class TieredVerifierConfig:
 
 
 def register(store: ConfigStore | None = None) -> None:
-    """Put the schemas in Hydra's store as `<group>/schema` (idempotent: a later store replaces)."""
+    """Put the schemas in Hydra's store as `<group>/schema`, the tiered verifier's as
+    `verifier/tiered_schema` (idempotent: a later store replaces)."""
     store = store or ConfigStore.instance()
     store.store(group="runtime", name="schema", node=RuntimeConfig)
     store.store(group="policy", name="schema", node=ConfidencePolicyConfig)

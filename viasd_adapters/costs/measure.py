@@ -302,11 +302,8 @@ def measure_for_choice(
     steps = dataclasses.replace(grid, new_tokens=[1], prefill=[])
     profile = measure_missing(profile, steps, device, load, progress)
     threads = usable_threads(grid.threads, device)
-    kept = [
-        d
-        for d in grid.dtypes
-        if any(d in winnable_dtypes(profile, target, grid.dtypes, acceptance, t, context) for t in threads)
-    ]
+    winnable = {d for t in threads for d in winnable_dtypes(profile, target, grid.dtypes, acceptance, t, context)}
+    kept = [d for d in grid.dtypes if d in winnable]
     for dtype in sorted(set(grid.dtypes) - set(kept), key=grid.dtypes.index):
         logger.info(
             "%s in %s cannot be the fastest at acceptance %.2f: its one-token step exceeds 1/(1 - a) times the"

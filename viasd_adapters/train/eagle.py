@@ -185,11 +185,6 @@ def _encode(loaded: LoadedModel, text: str, cfg: DataConfig) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- stage 2: generations
-def answer_id(prompt_id: str, sample: int) -> str:
-    """The id of a prompt's greedy answer (sample 0) or of its sampled answer `sample`."""
-    return prompt_id if sample == 0 else f"{prompt_id}#{sample}"
-
-
 @torch.no_grad()
 def generate_answers(
     loaded: LoadedModel, prompts: list[tuple[str, str]], cfg: DataConfig, path: Path, progress: bool = True
@@ -204,7 +199,7 @@ def generate_answers(
             if line.strip():
                 row = json.loads(line)
                 done[row["id"]] = row
-    wanted = [(answer_id(pid, k), text, k) for k in range(1 + cfg.sampled_answers) for pid, text in prompts]
+    wanted = [(shards.answer_id(pid, k), text, k) for k in range(1 + cfg.sampled_answers) for pid, text in prompts]
     todo = [w for w in wanted if w[0] not in done]
     model, tokenizer = loaded.model, loaded.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else loaded.stop_token_ids[0]

@@ -103,9 +103,14 @@ class CorpusConfig:
 
 
 # ----------------------------------------------------------------------------- stage 1: the plan
-def prompt_of(answer_id: str) -> str:
-    """The prompt id of an answer id ("<prompt id>#<sampled round>" for a sampled answer)."""
-    return answer_id.split("#", 1)[0]
+def answer_id(prompt_id: str, sample: int) -> str:
+    """The id of a prompt's greedy answer (sample 0) or of its sampled answer `sample`."""
+    return prompt_id if sample == 0 else f"{prompt_id}#{sample}"
+
+
+def prompt_of(answer: str) -> str:
+    """The prompt id of an answer id (`answer_id`'s inverse)."""
+    return answer.split("#", 1)[0]
 
 
 def generation_sequences(generations: list[dict], max_seq_len: int) -> list[dict]:
