@@ -846,6 +846,38 @@ def test_eagle_on_the_int8_target_reproduces_int8_ar(accepting_pair):
     assert 0 < eagle.stats.accepted < eagle.stats.drafted
 
 
+def test_the_head_on_an_int8_target_drafts_in_int8_and_accepts_as_its_float_self(accepting_pair):
+    """On an int8 target the head's layers run in the target's W8A8 kernels (outlier channels of
+    fc and down_proj calibrated); the output is still int8 AR's, and the int8 head's drafts are
+    accepted about as often as the float head's (the same head: it copies the target's layer)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from viasd_adapters.models.quantize import Int8Linear, calibrate_outliers, quantize_linears
+    from viasd_adapters.models.row_attention import ROW_INVARIANT_ATTENTION
+
+    _, target, head = accepting_pair
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    quantize_linears(model, "int8", outliers=calibrate_outliers(model, AutoTokenizer.from_pretrained(target)))
+    model.config._attn_implementation = ROW_INVARIANT_ATTENTION
+    ar = AutoregressiveDecoder(model).generate(PROMPT, 40)
+    int8 = EagleDecoder(target=model, head=head)
+    layer = int8.model.ea_layer
+    assert isinstance(layer.fc, Int8Linear) and layer.fc.channels is not None  # outliers of the features
+    assert isinstance(layer.layers[0].mlp.down_proj, Int8Linear)
+    as_loaded = EagleDecoder(target=model, head=head, head_precision="as-loaded")
+    assert isinstance(as_loaded.model.ea_layer.fc, torch.nn.Linear)
+    quantized, floating = int8.generate(PROMPT, 40), as_loaded.generate(PROMPT, 40)
+    assert quantized.tokens == floating.tokens == ar.tokens
+    assert 0 < quantized.stats.accepted < quantized.stats.drafted
+    assert quantized.stats.accepted >= 0.8 * floating.stats.accepted
+
+
+def test_a_head_precision_that_is_not_one_of_the_choices_is_refused(tiny_pair):
+    _, target, head = tiny_pair
+    with pytest.raises(ValueError, match="head_precision='bf16'.*int8"):
+        EagleDecoder(target=_target(tiny_pair), head=head, head_precision="bf16")
+
+
 def test_eagle_on_the_compiled_int8_target_reproduces_its_ar(accepting_pair):
     """EAGLE's tree rows go through the compiled decode step (a tree is a mask there) into EAGLE's own
     KV buffers, and its tokens equal the compiled int8 target's AR."""

@@ -42,6 +42,7 @@ from transformers import PreTrainedModel
 from ..compat import built_kind, check
 from ..decode import CommittedSequence, Decoder, DecodeStats, GenerationResult
 from ..models.compiled import decode_step
+from ..models.quantize import CALIBRATION_TEXT, Int8Linear, input_outliers, quantize_module
 from ..models.vocab import DraftVocabulary, VocabularyDraftHead
 from ..routing import RoutingMask
 from ..runner import CallStats
@@ -462,6 +463,31 @@ def resolve_head(head: str | Path) -> Path:
     )
 
 
+HEAD_PRECISIONS = (None, "int8", "as-loaded")
+
+
+def quantize_head(ea_model: EaModel) -> None:
+    """The head's linear layers in the int8 target's W8A8 (`Int8Linear`: the same kernels), in
+    place. Input channels of other scales get groups of their own, each row quantised per group:
+    fc's token embedding (a few hundredths) beside the target's feature (units, some channels
+    hundreds), and the outlier channels of the feature and of down_proj's input, found on the
+    target's features of `CALIBRATION_TEXT`."""
+    head, base = ea_model.ea_layer, ea_model.base_model
+    if any(isinstance(m, Int8Linear) for m in head.modules()):
+        return
+    ids = ea_model.tokenizer(CALIBRATION_TEXT, return_tensors="pt").input_ids.to(base.device)
+
+    def run() -> None:
+        features = base.target(ids, output_hidden_states=True).hidden_states[-1]  # [1, T, H], normed
+        head(features[:, :-1].to(head.fc.weight.dtype), input_ids=ids[:, 1:])
+
+    with torch.no_grad():
+        outliers: dict = input_outliers(head, run, ("fc", "down_proj"))
+    H = head.embed_tokens.embedding_dim
+    outliers["fc"] = [torch.arange(H), outliers["fc"][outliers["fc"] >= H]]  # fc's input: cat(embedding, feature)
+    quantize_module(head, "int8", skip=(head.embed_tokens,), outliers=outliers)
+
+
 class EagleDecoder(Decoder):
     """EAGLE (optionally tiered) behind the project's `Decoder` interface, with `DecodeStats`.
 
@@ -473,6 +499,8 @@ class EagleDecoder(Decoder):
     from Python, by the one `routing=` and `policy=` give (`tiers_verifier`). Which verifiers
     EAGLE runs is the compatibility table's to say (`viasd_adapters.compat`). `vocabulary`
     restricts what the head's tree growth scores (`TieredEagle`'s `draft_vocabulary`).
+    `head_precision`: "int8" runs the head's layers in the int8 target's kernels (`quantize_head`),
+    "as-loaded" keeps them in the dtype they loaded in; None, the default: int8 on an int8 target.
 
     `stats.drafted` counts D per round (the most a round can accept), `stats.steps` the rounds
     (the prefill, which yields the first token, is not one), `stats.settled` the rounds the full
@@ -493,7 +521,13 @@ class EagleDecoder(Decoder):
         tree: str | list = "mc_sim_7b_63",
         tokenizer_path: str | Path | None = None,
         vocabulary: DraftVocabulary | str | Path | None = None,
+        head_precision: str | None = None,
     ):
+        if head_precision not in HEAD_PRECISIONS:
+            raise ValueError(
+                f"head_precision={head_precision!r} is not one of {HEAD_PRECISIONS}"
+                " (null: int8 on an int8 target, else as loaded)"
+            )
         if ea_model is None and (target is None or head is None):
             raise ValueError("EagleDecoder needs ea_model=, or target= and head= (an EAGLE head folder)")
         if verifier is not None:  # before the head loads
@@ -503,6 +537,8 @@ class EagleDecoder(Decoder):
         self.tree = _tree_from_name(tree)
         if ea_model is None:
             ea_model = ea_model_from_target(target, resolve_head(head), tokenizer_path, step=decode_step(target))
+        if head_precision == "int8" or (head_precision is None and isinstance(ea_model.base_model.lm_head, Int8Linear)):
+            quantize_head(ea_model)
         if verifier is None:
             verifier = tiers_verifier(ea_model, routing, policy, max_unverified, rejudge)
         elif routing is not None or policy is not None:

@@ -197,24 +197,27 @@ class Int8Linear(torch.nn.Module):
     def __init__(
         self,
         linear: torch.nn.Linear,
-        outliers: torch.Tensor | None = None,
+        outliers: torch.Tensor | list[torch.Tensor] | None = None,
         weights: Int8Weights | None = None,
         key: str = "weight",
     ):
-        """`weights`, `key`: where the int8 weight comes from (default: quantised from `linear`'s)."""
+        """`outliers`: input channels quantised apart from the rest, or several such groups (inputs of
+        different scales side by side, as an EAGLE head's token embedding and feature); `weights`,
+        `key`: where the int8 weight comes from (default: quantised from `linear`'s)."""
         super().__init__()
         weights = weights or Int8Weights()
         w = linear.weight.detach()
-        if outliers is None or len(outliers) == 0:
+        groups = [outliers] if isinstance(outliers, torch.Tensor) else list(outliers or [])
+        groups = [g.sort().values for g in groups if len(g)]
+        if not groups:
             channels, gemms = None, [_RowQuantGemm(weights(key, lambda: w))]
         else:
             inliers = torch.ones(linear.in_features, dtype=torch.bool)
-            inliers[outliers] = False
-            channels = [inliers.nonzero().squeeze(1), outliers.sort().values]  # [K - k], [k]
-            gemms = [
-                _RowQuantGemm(weights(f"{key}.{part}", lambda c=c: w[:, c]))
-                for part, c in zip(("inliers", "outliers"), channels)
-            ]
+            for g in groups:
+                inliers[g] = False
+            channels = [inliers.nonzero().squeeze(1), *groups]  # [K - k], [k_1], ...
+            parts = ["inliers", "outliers", *(f"outliers{i}" for i in range(2, len(groups) + 1))]
+            gemms = [_RowQuantGemm(weights(f"{key}.{part}", lambda c=c: w[:, c])) for part, c in zip(parts, channels)]
         self._assign(gemms, channels, None if linear.bias is None else linear.bias.detach().float(), linear.in_features)
 
     def _assign(
@@ -275,8 +278,8 @@ class Int8Linear(torch.nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
-        k = 0 if self.channels is None else len(self.channels[1])
-        return f"in_features={self.in_features}, out_features={self.out_features}, w8a8 per-token, {k} outlier channels"
+        k = [] if self.channels is None else [len(c) for c in self.channels[1:]]
+        return f"in_features={self.in_features}, out_features={self.out_features}, w8a8 per-token, outlier groups {k}"
 
 
 class _SharedInputGemm:
@@ -366,10 +369,20 @@ def calibrate_outliers(
 ) -> dict[str, torch.Tensor]:
     """For each down_proj (the MLP's output projection): the `share` of its input channels with
     the largest magnitude on `text`, by module name."""
+    ids = tokenizer(text, return_tensors="pt").input_ids.to(model.device)
+    return input_outliers(model, lambda: model(ids[:, : model.config.max_position_embeddings]), ("down_proj",), share)
+
+
+@torch.no_grad()
+def input_outliers(
+    module: torch.nn.Module, run: Callable[[], object], suffixes: tuple[str, ...], share: float = OUTLIER_SHARE
+) -> dict[str, torch.Tensor]:
+    """For each linear layer of `module` whose name ends with one of `suffixes`: the `share` of its
+    input channels with the largest magnitude while `run()` runs, by module name."""
     peaks: dict[str, torch.Tensor] = {}
 
     def record(name):
-        def hook(module, args):
+        def hook(_module, args):
             x = args[0].detach().float().reshape(-1, args[0].shape[-1]).abs().amax(0)
             peaks[name] = x if name not in peaks else torch.maximum(peaks[name], x)
 
@@ -377,12 +390,11 @@ def calibrate_outliers(
 
     handles = [
         m.register_forward_pre_hook(record(n))
-        for n, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear) and n.endswith("down_proj")
+        for n, m in module.named_modules()
+        if isinstance(m, torch.nn.Linear) and n.endswith(suffixes)
     ]
     try:
-        ids = tokenizer(text, return_tensors="pt").input_ids.to(model.device)
-        model(ids[:, : model.config.max_position_embeddings])
+        run()
     finally:
         for handle in handles:
             handle.remove()
@@ -431,20 +443,33 @@ def quantize_linears(
     (int8: q / k / v and gate / up each on one shared GEMM). int8 only: `outliers`, input channels
     kept in a group of their own, by module name; `weights`, where the int8 weights come from
     (keyed by module name)."""
-    if kind not in QUANTIZATIONS:
-        raise ValueError(f"quantization {kind!r} is not one of {sorted(QUANTIZATIONS)}")
     if model.device.type != "cpu":
         raise ValueError(f"{kind} runs on CPU only (fbgemm / CPU int8 kernels), the model is on {model.device}")
     head = model.get_output_embeddings()
+    quantize_module(model, kind, skip=(head,) if keep_head else (), outliers=outliers, weights=weights)
+    return model.eval()
+
+
+def quantize_module(
+    module: torch.nn.Module,
+    kind: str,
+    skip: tuple[torch.nn.Module, ...] = (),
+    outliers: dict[str, torch.Tensor] | None = None,
+    weights: Int8Weights | None = None,
+) -> torch.nn.Module:
+    """Every `torch.nn.Linear` of `module` but those in `skip` replaced by `kind`, in place (see
+    `quantize_linears`; module names are relative to `module`)."""
+    if kind not in QUANTIZATIONS:
+        raise ValueError(f"quantization {kind!r} is not one of {sorted(QUANTIZATIONS)}")
     weights = weights or Int8Weights()
-    for module_name, module in list(model.named_modules()):
+    for module_name, parent in list(module.named_modules()):
         if kind == "int8":
-            _share_input_gemms(module_name, module, outliers or {}, weights)
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, torch.nn.Linear) and (child is not head or not keep_head):
+            _share_input_gemms(module_name, parent, outliers or {}, weights)
+        for child_name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear) and not any(child is s for s in skip):
                 name = f"{module_name}.{child_name}" if module_name else child_name
                 extra = {"weights": weights, "key": name} if kind == "int8" else {}
                 if outliers and name in outliers:
                     extra["outliers"] = outliers[name]
-                setattr(module, child_name, QUANTIZATIONS[kind](child, **extra))
-    return model.eval()
+                setattr(parent, child_name, QUANTIZATIONS[kind](child, **extra))
+    return module
