@@ -370,6 +370,21 @@ def _vocabulary(model, exclude=()) -> DraftVocabulary:
     return DraftVocabulary([i for i in range(0, V, 2) if i not in set(exclude)], V)
 
 
+def test_a_generation_counts_acceptance_by_depth_and_rank_on_its_tree(accepting_pair):
+    """Each round's accepted path is read off eagle-llm's node order: its nodes are the drafts kept,
+    at their depths, and every node taken was on offer."""
+    tree = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+    _, target, head = accepting_pair
+    stats = EagleDecoder(target=_target(accepting_pair), head=head, tree=tree).generate(PROMPT, 40).stats
+    ranks = stats.tree_ranks
+    assert ranks.rounds == stats.steps
+    assert sum(ranks.taken.values()) == stats.accepted > 0
+    assert sum(n for (depth, _), n in ranks.taken.items() if depth == 1) <= stats.steps
+    assert all(ranks.taken[key] <= ranks.offered[key] for key in ranks.taken)
+    assert {depth for depth, _ in ranks.offered} <= {1, 2, 3}
+    assert json.loads(json.dumps(stats.to_dict()))["tree_ranks"]["taken"]
+
+
 def test_vocabulary_draft_head_scores_the_kept_ids_as_the_lm_head_does(tiny_pair):
     model = _target(tiny_pair)
     vocab = _vocabulary(model)

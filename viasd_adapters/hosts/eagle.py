@@ -40,7 +40,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ..compat import built_kind, check
-from ..decode import CommittedSequence, Decoder, DecodeStats, GenerationResult
+from ..decode import CommittedSequence, Decoder, DecodeStats, GenerationResult, RankAcceptance
 from ..models.compiled import decode_step
 from ..models.quantize import CALIBRATION_TEXT, Int8Linear, input_outliers, quantize_module
 from ..models.vocab import DraftVocabulary, VocabularyDraftHead
@@ -555,7 +555,9 @@ class EagleDecoder(Decoder):
 
     def generate(self, input_ids, max_new_tokens, sampling=None, stop_token_ids=(), streamer=None):
         committed = CommittedSequence(input_ids, max_new_tokens, stop_token_ids, self.context_length, streamer)
-        stats = DecodeStats()
+        ranks = RankAcceptance()
+        stats = DecodeStats(tree_ranks=ranks)
+        choices = sorted((tuple(c) for c in self.tree), key=lambda c: (len(c), c))  # draft n: eagle-llm's node n + 1
         sampled = sampling is not None and not sampling.greedy
         begin = time.perf_counter()
         rounds = contextlib.closing(self.model.rounds(input_ids, sampling, committed.max_new_tokens, self.tree))
@@ -568,6 +570,7 @@ class EagleDecoder(Decoder):
                         verdict.tier_counts,
                         settled=verdict.last_tier != Tier.ESCALATE,
                     )
+                    ranks.add_round(choices, choices[int(verdict.path[-1])] if verdict.path.numel() else ())
                 else:  # the prefill's token: counted by tier, not a round
                     stats.tier_counts.update(verdict.tier_counts)
                 committed.commit(verdict.tokens)
