@@ -56,7 +56,9 @@ def test_a_rarely_offered_node_borrows_the_shallower_rate():
     counts = RankAcceptance()
     for _ in range(100):
         counts.add_round([(0,), (0, 0)], (0, 0))  # depth 2 always taken
-    assert counts.rate(3, 0) == pytest.approx(counts.rate(2, 0)) and counts.rate(3, 0) > 0.98  # never offered: depth 2's
+    assert (
+        counts.rate(3, 0) == pytest.approx(counts.rate(2, 0)) and counts.rate(3, 0) > 0.98
+    )  # never offered: depth 2's
     assert counts.rate(1, 1) == pytest.approx(counts.rate(1, 0) / 2)  # never offered: half of rank 0's
 
 

@@ -698,6 +698,8 @@ def test_head_training_runs_a_few_steps_and_resumes(tmp_path):
         t.train.batch_tokens = 24
         t.train.save_every = 2
         t.train.eval_every = 3  # the checkpoint at step 2 holds no evaluation yet
+        t.train.decode_tokens = 6
+        t.corpus.eval_fraction = 0.4  # 2 of the 5 prompts held out: decoded at each evaluation
         return base
 
     first = run(cfg(2))
@@ -714,6 +716,21 @@ def test_head_training_runs_a_few_steps_and_resumes(tmp_path):
     assert [h["step"] for h in state["history"]] == [1, 2, 3, 4]
     # the result is an eagle-llm head folder
     assert (tmp_path / "head" / "config.json").is_file() and (tmp_path / "head" / FULL_WEIGHTS).is_file()
+    # every evaluation decoded the held-out prompts; the head written is the one with the most tokens per round
+    recipe = json.loads((tmp_path / "head" / "recipe.json").read_text())
+    evaluations = recipe["evaluations"]
+    assert [e["step"] for e in evaluations] == [2, 3, 4] and all(e["tokens_per_round"] >= 1 for e in evaluations)
+    assert recipe["rank_acceptance"]["offered"]
+    from safetensors.torch import load_file
+
+    written, best = (
+        load_file(tmp_path / "head" / "head.safetensors"),
+        load_file(tmp_path / "head" / "best" / "head.safetensors"),
+    )
+    assert all(torch.equal(written[k], best[k]) for k in written)
+    last = {k: v.half() for k, v in state["head"].items()}
+    kept = max(evaluations, key=lambda e: e["tokens_per_round"])["step"]
+    assert all(torch.equal(written[k], last[k]) for k in written) == (kept == 4)
 
 
 def test_sampled_answers_are_seeded_resumed_and_held_out_with_their_prompt(tmp_path):

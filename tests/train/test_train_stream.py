@@ -41,7 +41,7 @@ def _head_config(loaded):
 def _train(features, out, steps, **kw):
     loaded, folder, manifest = features
     cfg = eagle.TrainConfig(steps=steps, batch_tokens=40, save_every=2, eval_every=3, warmup_steps=2, **kw)
-    return eagle.train_head(loaded.model, folder, manifest, _head_config(loaded), cfg, out, progress=False)
+    return eagle.train_head(loaded, folder, manifest, _head_config(loaded), cfg, out, progress=False)
 
 
 def test_the_stream_visits_every_training_sequence_once_an_epoch_in_a_seeded_order(features):

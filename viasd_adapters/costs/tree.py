@@ -46,7 +46,9 @@ class TreeShape:
         )
 
 
-def most_valuable_nodes(acceptance: RankAcceptance, count: int, max_depth: int, max_rank: int) -> list[tuple[tuple, float]]:
+def most_valuable_nodes(
+    acceptance: RankAcceptance, count: int, max_depth: int, max_rank: int
+) -> list[tuple[tuple, float]]:
     """The `count` nodes of highest value (rank path, value), best first; depth <= max_depth, rank < max_rank."""
     # (-value, rank path, the value of its parent): a node enters when its parent or better sibling has
     frontier = [(-acceptance.rate(1, 0), (0,), 1.0)]

@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 GENERATIONS = "generations.jsonl"
 FEATURES_DIR = "features"  # the plan and feature shards, when corpus.dir is not set
 CHECKPOINT = "checkpoint.pt"
+BEST = "best"  # the head with the most tokens per round so far, and the folder decoding reads it from
 RECIPE = "recipe.json"
 TIMINGS = "timings.json"  # wall and CPU seconds per finished stage, kept across resumed runs
 
@@ -126,6 +127,12 @@ class TrainConfig:
     eval_every: int = 100  # steps between evaluations (and at the end)
     save_every: int = 50  # steps between checkpoints
     seed: int = 0
+    # At each evaluation the head also decodes held-out prompts greedily on the target: its tokens per
+    # round choose the head kept (BEST), and its acceptance by depth and rank shapes trees later.
+    decode_prompts: int = 8  # held-out prompts decoded (0: none; the last head is kept)
+    decode_tokens: int = 64  # new tokens per prompt
+    decode_prompt_tokens: int = 512  # longer held-out prompts are not decoded (their prefill dominates)
+    decode_tree: str | list = "mc_sim_7b_63"  # wide, so that deep and lower-ranked drafts are measured too
 
 
 @dataclass
@@ -443,7 +450,7 @@ def _distribution_rows(target_model, cfg: TrainConfig) -> tuple[torch.Tensor, to
 
 
 def train_head(
-    target_model,
+    loaded: LoadedModel,
     folder: Path,
     manifest: dict,
     head_cfg: dict,
@@ -453,11 +460,14 @@ def train_head(
     resume: bool = True,
 ) -> tuple:
     """Train eagle-llm's head on the feature shards in `folder` (streamed); returns (head, steps,
-    eval top-1, train sequences, history)."""
+    eval top-1, train sequences, history). The head returned is the evaluation's best by decoded
+    tokens per round (`cfg.decode_prompts`), else the last."""
+    target_model = loaded.model
     torch.manual_seed(cfg.seed)
     train = ShardStream(folder, manifest, "train", cfg.seed)
     held_out = ShardStream(folder, manifest, "heldout", cfg.seed).all()
     held_top1 = target_top1(target_model.get_output_embeddings(), held_out)
+    prompts = decode_prompts(held_out, cfg)
 
     head = _new_head(target_model, head_cfg)
     lm_rows, vocab_ids = _distribution_rows(target_model, cfg)  # [N, H], [N] or None
@@ -472,6 +482,7 @@ def train_head(
     batches = _batches(train, cfg.batch_tokens, *cursor)
     bar = tqdm(total=cfg.steps, initial=step, desc="train", disable=not progress)
     top1_eval = next((h["eval_top1"] for h in reversed(history) if "eval_top1" in h), float("nan"))
+    best = max((h["tokens_per_round"] for h in history if "tokens_per_round" in h), default=0.0)
     while step < cfg.steps:
         batch, cursor = next(batches)
         losses = _train_step(head, lm_rows, batch, cfg, params, optimizer, scheduler)
@@ -482,13 +493,84 @@ def train_head(
         if step % cfg.eval_every == 0 or step == cfg.steps:
             top1_eval = evaluate(head, lm_rows, vocab_ids, held_out, held_top1)
             record["eval_top1"] = top1_eval
-            logger.info("step %d: loss %.4f, held-out top-1 %.3f", step, losses["loss"], top1_eval)
+            if prompts:
+                record.update(decoded_rounds(loaded, head, head_cfg, prompts, cfg, out_dir / BEST, keep_if_above=best))
+                best = max(best, record["tokens_per_round"])
+            logger.info(
+                "step %d: loss %.4f, held-out top-1 %.3f, tokens per round %s",
+                step,
+                losses["loss"],
+                top1_eval,
+                f"{record['tokens_per_round']:.2f}" if prompts else "-",
+            )
         history.append(record)
         if step % cfg.save_every == 0 or step == cfg.steps:
             _save_checkpoint(ckpt, head, optimizer, scheduler, cursor, step, history)
     bar.close()
+    if prompts and (out_dir / BEST).is_dir():
+        from viasd_adapters.third_party.eagle import load_head_state
+
+        head.load_state_dict(load_head_state(out_dir / BEST, head.embed_tokens.weight)[0])  # fp16 into fp32
+        top1_eval = best_evaluation(history)["eval_top1"]
     head.eval()
     return head, step, top1_eval, len(train), history
+
+
+def best_evaluation(history: list[dict]) -> dict:
+    """The evaluation record with the most decoded tokens per round."""
+    return max((h for h in history if "tokens_per_round" in h), key=lambda h: h["tokens_per_round"])
+
+
+def decode_prompts(held_out: list[dict], cfg: TrainConfig) -> list[list[int]]:
+    """The first `cfg.decode_prompts` held-out sequences' prompts (the tokens before their first
+    answer token) of at most `cfg.decode_prompt_tokens` tokens."""
+    prompts = []
+    for s in held_out:
+        answer = s["loss_mask"].nonzero()
+        start = int(answer[0]) if len(answer) else 0
+        if 0 < start <= cfg.decode_prompt_tokens:
+            prompts.append(s["ids"][:start].tolist())
+    return prompts[: cfg.decode_prompts]
+
+
+@torch.no_grad()
+def decoded_rounds(
+    loaded: LoadedModel,
+    head,
+    head_cfg: dict,
+    prompts: list[list[int]],
+    cfg: TrainConfig,
+    folder: Path,
+    keep_if_above: float = 0.0,
+) -> dict:
+    """Greedy EAGLE with `head` on `loaded`'s target over `prompts` (the tree `cfg.decode_tree`, the
+    draft vocabulary `cfg.p_vocab`): {"tokens_per_round", "rank_acceptance"}. The head is written to
+    `folder` (with the tokenizer, which EaModel reads) and left there if its tokens per round beat
+    `keep_if_above`, else the folder is restored to the head it held."""
+    from viasd_adapters.third_party.eagle import save_head
+
+    from ..decode import RankAcceptance
+    from ..hosts.eagle import EagleDecoder
+
+    trial = folder.with_name(folder.name + ".trial")
+    shutil.rmtree(trial, ignore_errors=True)
+    save_head(head, head_cfg, trial, full=False, compact=True)
+    loaded.tokenizer.save_pretrained(trial)
+    decoder = EagleDecoder(
+        target=loaded.model, head=trial, tree=cfg.decode_tree, vocabulary=cfg.p_vocab, tokenizer_path=trial
+    )
+    ranks, accepted, rounds = RankAcceptance(), 0, 0
+    for ids in prompts:
+        stats = decoder.generate(torch.tensor([ids], device=loaded.model.device), cfg.decode_tokens).stats
+        ranks.update(stats.tree_ranks)
+        accepted, rounds = accepted + stats.accepted, rounds + stats.steps
+    tokens_per_round = 1 + accepted / max(rounds, 1)
+    if tokens_per_round > keep_if_above:
+        shutil.rmtree(folder, ignore_errors=True)
+        trial.rename(folder)
+    else:
+        shutil.rmtree(trial)
+    return {"tokens_per_round": tokens_per_round, "rank_acceptance": ranks.to_dict()}
 
 
 def _new_head(target_model, head_cfg: dict) -> torch.nn.Module:
@@ -615,7 +697,7 @@ def train_eagle_head(
         return _stopped(out_dir, "features", plan, timed)
     config = head_config(loaded.model.config, cfg.head.intermediate_size, cfg.head.bias)
     head, steps, top1, n_train, history = timed(
-        "train", train_head, loaded.model, folder, manifest, config, cfg.train, out_dir, progress, resume
+        "train", train_head, loaded, folder, manifest, config, cfg.train, out_dir, progress, resume
     )
     summary = shards.plan_summary(plan)
     result = TrainResult(
@@ -637,6 +719,7 @@ def train_eagle_head(
 def _remove_previous_run(cfg: EagleTrainingConfig, out_dir: Path, folder: Path) -> None:
     for name in (GENERATIONS, CHECKPOINT, TIMINGS):
         (out_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(out_dir / BEST, ignore_errors=True)
     if not cfg.corpus.dir and folder.is_dir():  # an explicit corpus.dir may be shared: never deleted
         shutil.rmtree(folder)
 
@@ -708,5 +791,14 @@ def _recipe(
             )
         },
         "head_config": head_cfg,
-        "history": history[-5:],
+        "evaluations": [
+            {k: h[k] for k in ("step", "epoch", "eval_top1", "tokens_per_round") if k in h}
+            for h in history
+            if "eval_top1" in h
+        ],
+        # what trees are shaped from (costs.tree): the kept head's acceptance by depth and rank
+        "rank_acceptance": best_evaluation(history)["rank_acceptance"]
+        if any("tokens_per_round" in h for h in history)
+        else None,
+        "history": [{k: v for k, v in h.items() if k != "rank_acceptance"} for h in history[-5:]],
     }
