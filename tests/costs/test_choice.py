@@ -2,7 +2,8 @@
 
 import pytest
 
-from viasd_adapters.costs import LatencyEntry, LatencyProfile, choose_configuration
+from viasd_adapters.costs import EagleCandidate, LatencyEntry, LatencyProfile, choose_configuration, draft_head_key
+from viasd_adapters.decode import RankAcceptance
 
 from .profiles import AMD, INTEL, D, T, profile_of
 
@@ -94,3 +95,36 @@ def test_a_precision_whose_step_is_over_1_by_1_minus_a_fastest_steps_is_never_ch
     for a in (0.6, 0.65):  # the bound is one the choice itself respects, with every forward priced
         choice = choose_configuration(profile, D, T, a, 2, dtypes=dtypes[:3], draft_dtypes=["int8"], context=128)
         assert choice.dtype != "float32"
+
+
+def _eagle(rate: float) -> EagleCandidate:
+    """A head whose drafts the target takes at `rate` for its top guess, at every depth (rank 1: a tenth)."""
+    ranks = RankAcceptance()
+    for depth in range(1, 6):
+        ranks.offered[depth, 0] = ranks.offered[depth, 1] = 1000
+        ranks.taken[depth, 0], ranks.taken[depth, 1] = int(1000 * rate), 100
+    return EagleCandidate(draft_head_key(T, "head"), "head", ranks)
+
+
+def test_an_eagle_head_that_drafts_cheaply_and_well_is_chosen_with_a_tree_the_profile_measured():
+    int8 = {1: 60.0, 2: 70.0, 4: 76.0, 8: 110.0}
+    profile = profile_of(
+        {(T, "int8"): int8, (D, "int8"): {1: 35.0}, (draft_head_key(T, "head"), "int8"): {1: 3.0, 8: 4.0}}
+    )
+    choice = choose_configuration(profile, D, T, 0.88, 2, dtypes=["int8"], eagle=_eagle(0.8), min_speedup=1.1)
+    assert choice.framework == "eagle" and choice.head == "head"
+    assert 1 <= len(choice.tree) <= 7  # verifies at most the 8 rows the profile measured
+    assert choice.expected_speedup > 1.5
+    # the same head at a tenth of a target step per level and a poor top guess: SD or AR wins
+    dear = profile_of(
+        {(T, "int8"): int8, (D, "int8"): {1: 35.0}, (draft_head_key(T, "head"), "int8"): {1: 30.0, 8: 40.0}}
+    )
+    other = choose_configuration(dear, D, T, 0.88, 2, dtypes=["int8"], eagle=_eagle(0.3), min_speedup=1.1)
+    assert other.framework != "eagle"
+    assert "EAGLE (head), target int8" in choice.describe()
+
+
+def test_eagle_is_not_considered_where_the_profile_lacks_its_head():
+    profile = profile_of({(T, "int8"): {1: 60.0, 8: 110.0}, (D, "int8"): {1: 35.0}})
+    choice = choose_configuration(profile, D, T, 0.88, 2, dtypes=["int8"], eagle=_eagle(0.9))
+    assert choice.framework in ("sd", "ar")

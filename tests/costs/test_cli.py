@@ -1,5 +1,6 @@
 """`viasd-profile`: the demo decodes with the chosen configuration beside greedy AR, and its report."""
 
+import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
@@ -47,3 +48,54 @@ def test_the_demo_report_says_where_the_tokens_part_and_why_in_bf16(tmp_path):
         choice = Choice("sd", dtype, "bfloat16", 2, 1.5, 7.5, 5.0, 2, 0.6)
         text = report(ProfileOutcome(tmp_path, LatencyProfile(), False, choice, [ar, decoded("SD", tokens)]))
         assert says in text.splitlines()[-1]
+
+
+def _head_with_recipe(tmp_path, rank_acceptance):
+    """A random EAGLE head for the tiny-random target, with a recipe.json as training writes it."""
+    import json
+
+    from viasd_adapters.models import ModelSpec, load_model
+    from viasd_adapters.models.spec import TinyModelConfig
+    from viasd_adapters.third_party.eagle import build_head, head_config, save_head
+
+    target = load_model(ModelSpec("tiny-random", dtype="float32", tiny=TinyModelConfig())).model
+    config = head_config(target.config, intermediate_size=32)
+    torch.manual_seed(0)
+    folder = save_head(build_head(config), config, tmp_path / "head", full=False, compact=True)
+    (folder / "recipe.json").write_text(json.dumps({"rank_acceptance": rank_acceptance}))
+    return folder
+
+
+def test_the_demo_decodes_eagle_with_the_chosen_tree_as_greedy_ar_does(tmp_path):
+    pytest.importorskip("eagle.model.cnets")
+    head = _head_with_recipe(tmp_path, None)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(
+            "profile",
+            overrides=["model_pair=tiny-random", "prompt=hello there", "max_new_tokens=12", "chat_template=false"],
+        )
+    tree = ((0,), (1,), (0, 0))
+    choice = Choice(
+        "eagle", "float32", None, 3, 1.5, 150.0, 100.0, torch.get_num_threads(), 0.8, tree=tree, head=str(head)
+    )
+    ar, eagle = decode_both(cfg, LatencyProfile(), choice)
+    assert eagle.result.tokens == ar.result.tokens and len(ar.result.tokens) == 12  # fp32 target: lossless
+    assert "EAGLE" in eagle.label
+    assert eagle.result.stats.drafted == 2 * eagle.result.stats.steps  # its tree: paths of 2 drafts
+
+
+def test_the_profile_considers_a_head_only_with_its_measured_acceptance(tmp_path, caplog):
+    pytest.importorskip("eagle.model.cnets")
+    from viasd_adapters.cli.profile import eagle_candidate
+
+    measured = {"offered": [[1, 0, 10]], "taken": [[1, 0, 7]]}
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("profile", overrides=["model_pair=tiny-random"])
+    assert eagle_candidate(cfg) is None  # no head shipped for tiny-random
+    cfg.eagle_head = str(_head_with_recipe(tmp_path, None))
+    assert eagle_candidate(cfg) is None and "no measured acceptance" in caplog.text
+    cfg.eagle_head = str(_head_with_recipe(tmp_path, measured))
+    candidate = eagle_candidate(cfg)
+    assert candidate.acceptance.rate(1, 0, prior=0) == 0.7 and candidate.key.startswith("tiny-random+eagle:")
+    cfg.eagle_head = None
+    assert eagle_candidate(cfg) is None

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from tests.conftest import tiny
-from viasd_adapters.costs import CostModel, ProfileGrid, measure_pair, measure_profile, missing_points
+from viasd_adapters.costs import CostModel, LatencyProfile, ProfileGrid, measure_pair, measure_profile, missing_points
 
 
 def test_measure_profile_on_a_tiny_model():
@@ -134,3 +134,30 @@ def test_the_choice_times_every_step_and_verifies_only_where_they_can_win():
     loads.clear()
     again, _ = measure_for_choice(profile, grid, "d", "t", 0.6, 8, load=load, progress=False)
     assert again is profile and not loads  # a cached profile that has it all measures nothing
+
+
+def test_an_eagle_heads_tree_level_is_profiled_once_per_dtype(tmp_path):
+    pytest.importorskip("eagle.model.cnets")
+    from tests.costs.test_cli import _head_with_recipe
+    from viasd_adapters.costs import ProfileGrid, draft_head_key, measure_draft_head
+    from viasd_adapters.models import ModelSpec, load_model
+    from viasd_adapters.models.spec import TinyModelConfig
+
+    head = str(_head_with_recipe(tmp_path, None))
+    loads = []
+
+    def load(name, dtype, device):
+        loads.append((name, dtype))
+        return load_model(ModelSpec("tiny-random", dtype=dtype, tiny=TinyModelConfig()))
+
+    grid = ProfileGrid(
+        models=["tiny-random"], dtypes=["float32"], threads=[1], new_tokens=[1, 4], contexts=[16], repeats=1
+    )
+    profile = measure_draft_head(
+        LatencyProfile(), "tiny-random", head, ["float32"], grid, 16, load=load, progress=False
+    )
+    key = draft_head_key("tiny-random", head)
+    assert {(e.model, e.new_tokens) for e in profile.entries} == {(key, 1), (key, 4)}
+    assert all(e.ms > 0 and e.context == 16 for e in profile.entries) and loads == [("tiny-random", "float32")]
+    again = measure_draft_head(profile, "tiny-random", head, ["float32"], grid, 16, load=load, progress=False)
+    assert again is profile and len(loads) == 1  # nothing measured twice

@@ -15,6 +15,7 @@ strictly; the head's embedding matrix is then the target's own tensor, never a s
 from __future__ import annotations
 
 import logging
+import tempfile
 from pathlib import Path
 
 import torch
@@ -69,18 +70,27 @@ def load_ea_model(
 
 
 def ea_model_from_target(
-    target: PreTrainedModel, ea_model_path: str | Path, tokenizer_path: str | Path | None = None, step=None
+    target: PreTrainedModel,
+    ea_model_path: str | Path,
+    tokenizer_path: str | Path | None = None,
+    step=None,
+    tokenizer=None,
 ) -> EaModel:
     """An `EaModel` around a transformers model already in memory (shared, not reloaded).
 
-    `tokenizer_path`: a folder `AutoTokenizer` reads (EaModel loads one); default: the folder the
-    target was loaded from. `step`: a faster forward of the target's layers (`TransformersLayers`).
+    EaModel reads the target's tokenizer from a folder: `tokenizer_path`, else the folder the target
+    was loaded from, else `tokenizer` (a tokenizer object: written to a temporary folder for it).
+    `step`: a faster forward of the target's layers (`TransformersLayers`).
     """
     path = tokenizer_path or getattr(target.config, "_name_or_path", "")
+    if (not path or not Path(path).is_dir()) and tokenizer is not None:
+        with tempfile.TemporaryDirectory() as folder:
+            tokenizer.save_pretrained(folder)
+            return _assemble(TransformersEagleBase(target, step), folder, ea_model_path)
     if not path or not Path(path).is_dir():
         raise ValueError(
-            "EaModel loads the target's tokenizer from a folder: pass tokenizer_path (the target's folder);"
-            f" the target's config names {path!r}"
+            "EaModel loads the target's tokenizer from a folder: pass tokenizer_path (the target's folder)"
+            f" or the tokenizer; the target's config names {path!r}"
         )
     return _assemble(TransformersEagleBase(target, step), str(path), ea_model_path)
 

@@ -4,6 +4,7 @@ configuration beside greedy AR (what `make demo` runs)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,16 +16,19 @@ from omegaconf import DictConfig
 from ..api import build
 from ..costs import (
     Choice,
+    EagleCandidate,
     LatencyProfile,
     ProfileGrid,
     choose_configuration,
     default_profile_path,
+    draft_head_key,
     load_profile,
+    measure_draft_head,
     measure_for_choice,
     split_variant,
     usable_threads,
 )
-from ..decode import GenerationResult
+from ..decode import GenerationResult, RankAcceptance
 from ..decode.schedule import AdaptiveDraftLength
 from ..draft import ModelDrafter
 from ..models import load_model
@@ -80,6 +84,35 @@ def ensure_profile(cfg: DictConfig, grid: ProfileGrid, path: Path, load=None) ->
     return profile, dtypes, measured
 
 
+def eagle_candidate(cfg: DictConfig) -> EagleCandidate | None:
+    """The EAGLE head the choice considers (`cfg.eagle_head`: a folder or a shipped head's name),
+    with the acceptance by depth and rank its training measured (its recipe.json); None, with the
+    reason logged, when there is none to consider."""
+    if not cfg.eagle_head:
+        return None
+    try:
+        from ..hosts.eagle import resolve_head
+    except ImportError as err:
+        logger.info("EAGLE not considered: %s", err)
+        return None
+    try:
+        folder = resolve_head(cfg.eagle_head)
+    except ValueError:
+        logger.info("EAGLE not considered: no head %r (eagle_head=FOLDER names one)", cfg.eagle_head)
+        return None
+    recipe = folder / "recipe.json"
+    measured = json.loads(recipe.read_text()).get("rank_acceptance") if recipe.is_file() else None
+    if not measured:
+        logger.warning(
+            "EAGLE not considered: the head in %s has no measured acceptance (recipe.json's rank_acceptance,"
+            " which viasd-train-eagle writes)",
+            folder,
+        )
+        return None
+    target = cfg.model_pair.target.name
+    return EagleCandidate(draft_head_key(target, str(folder)), str(folder), RankAcceptance.from_dict(measured))
+
+
 def decode_both(cfg: DictConfig, profile: LatencyProfile, choice: Choice) -> list[Decoded]:
     """Greedy AR of the chosen target, the chosen configuration and, where another precision's AR
     is faster, greedy AR in that one, on `cfg.prompt`, each warmed up once first."""
@@ -100,6 +133,17 @@ def decode_both(cfg: DictConfig, profile: LatencyProfile, choice: Choice) -> lis
         label = f"SD (target {choice.dtype}, draft {choice.draft_dtype}, adaptive K from {choice.num_draft_tokens})"
         drafter = ModelDrafter(draft.model, quantize=quantization)  # the variant the profile priced
         decoders[label] = (build(target, drafter, policy=None, draft_length=schedule).decoder, target)
+    if choice.framework == "eagle":
+        from ..hosts.eagle import EagleDecoder
+
+        decoder = EagleDecoder(
+            target=target.model,
+            head=choice.head,
+            tree=[list(c) for c in choice.tree],
+            vocabulary=pair.get("draft_vocabulary"),
+            tokenizer=target.tokenizer,
+        )
+        decoders[f"EAGLE (target {choice.dtype}, {len(choice.tree)} drafts in the profile's tree)"] = (decoder, target)
     if choice.fastest_ar_dtype and choice.fastest_ar_dtype != choice.dtype:
         fastest = load_model(instantiate(pair.target, dtype=choice.fastest_ar_dtype, device=device))
         label = f"greedy AR ({choice.fastest_ar_dtype}, the fastest AR by the profile)"
@@ -121,6 +165,18 @@ def run(cfg: DictConfig) -> ProfileOutcome:
         grid.dtypes = [d for d in grid.dtypes if d not in QUANTIZED_PRECISIONS]
     path = Path(cfg.profile_path) if cfg.profile_path else default_profile_path(device)
     profile, dtypes, measured = ensure_profile(cfg, grid, path, pair_loader(cfg.model_pair))
+    eagle = eagle_candidate(cfg)
+    if eagle is not None:
+        before = len(profile.entries)
+        profile = measure_draft_head(
+            profile, cfg.model_pair.target.name, eagle.head, dtypes, grid, cfg.context,
+            cfg.model_pair.get("draft_vocabulary"), device,
+            lambda _, dtype, device: load_model(instantiate(cfg.model_pair.target, dtype=dtype, device=device)),
+            cfg.progress,
+        )  # fmt: skip
+        if len(profile.entries) != before:
+            profile.save(path)
+            measured = True
     threads = [cfg.runtime.threads] if cfg.runtime.threads else usable_threads(grid.threads, device)
     choice = choose_configuration(
         profile,
@@ -133,6 +189,7 @@ def run(cfg: DictConfig) -> ProfileOutcome:
         k_max=cfg.k_max,
         context=cfg.context,
         min_speedup=cfg.min_speedup,
+        eagle=eagle,
     )
     decoded = []
     if cfg.prompt:

@@ -4,6 +4,7 @@
 * `profile`: the latency profile, ms per measured forward, cached per machine (`LatencyProfile`);
 * `measure`: the grid of configurations a profile measures, and the measurement (`measure_profile`);
 * `model`: the cost model fitted to a profile, ms as a line in tokens fed and layers run (`CostModel`);
+* `tree`: the draft tree worth verifying, from acceptance by depth and rank and the costs (`shape_tree`);
 * `choice`: the fastest configuration by the profile (`choose_configuration`);
 * `auto`: the decoding parts built from it (`ProfiledDrafter`, draft-length schedules);
 * `breakeven`: what a slim tier must cost or settle for VIA-SD to beat its host.
@@ -17,9 +18,11 @@ from .auto import (
     profiled_draft_length,
 )
 from .breakeven import settled_share_needed, slim_ratio_needed
-from .choice import Choice, choose_configuration, winnable_dtypes
+from .choice import Choice, EagleCandidate, choose_configuration, winnable_dtypes
 from .measure import (
     ProfileGrid,
+    draft_head_key,
+    measure_draft_head,
     measure_for_choice,
     measure_missing,
     measure_pair,
@@ -37,7 +40,8 @@ from .profile import (
     profile_dir,
     split_variant,
 )
-from .timing import CostRatio, measure_cost_ratio, time_forwards
+from .timing import CostRatio, measure_cost_ratio, time_draft_head, time_forwards
+from .tree import TreeShape, shape_tree
 
 __all__ = [
     "DRAFTER_QUANTIZATIONS",
@@ -46,19 +50,23 @@ __all__ = [
     "Choice",
     "CostModel",
     "CostRatio",
+    "EagleCandidate",
     "LatencyEntry",
     "LatencyProfile",
     "Line",
     "ProfileGrid",
     "ProfiledDrafter",
+    "TreeShape",
     "adaptive_draft_length",
     "attention_share",
     "choose_configuration",
     "chosen_draft_variant",
     "default_profile_path",
+    "draft_head_key",
     "fit_line",
     "load_profile",
     "measure_cost_ratio",
+    "measure_draft_head",
     "measure_for_choice",
     "measure_missing",
     "measure_pair",
@@ -67,8 +75,10 @@ __all__ = [
     "profile_dir",
     "profiled_draft_length",
     "settled_share_needed",
+    "shape_tree",
     "slim_ratio_needed",
     "split_variant",
+    "time_draft_head",
     "time_forwards",
     "usable_threads",
     "winnable_dtypes",

@@ -8,14 +8,26 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..decode.schedule import best_draft_length, expected_speedup
+from ..decode.stats import RankAcceptance
 from .profile import LatencyProfile
+from .tree import shape_tree
+
+
+@dataclass(frozen=True)
+class EagleCandidate:
+    """An EAGLE head the choice may pick: its tree level's profile name (`measure.draft_head_key`),
+    the head (folder or shipped name) and its measured acceptance by depth and rank (its recipe's)."""
+
+    key: str
+    head: str
+    acceptance: RankAcceptance
 
 
 @dataclass(frozen=True)
 class Choice:
     """The configuration with the highest expected speed, and what it was compared with."""
 
-    framework: str  # "sd" or "ar" (AR when no draft length beats it)
+    framework: str  # "sd", "eagle" or "ar" (AR when nothing beats it)
     dtype: str  # the target's dtype
     draft_dtype: str | None  # the drafter's dtype or quantised variant; None for AR
     num_draft_tokens: int  # K (0 for AR)
@@ -25,8 +37,18 @@ class Choice:
     threads: int  # torch threads the configuration runs with
     acceptance: float  # the per-token acceptance a assumed
     fastest_ar_dtype: str = ""  # the target dtype of that fastest AR
+    tree: tuple[tuple[int, ...], ...] = ()  # EAGLE: the tree's rank paths (shaped by `costs.tree`)
+    head: str = ""  # EAGLE: the head
 
     def describe(self) -> str:
+        threads = f"{self.threads} thread{'s' if self.threads > 1 else ''}"
+        if self.framework == "eagle":
+            depth = max(len(c) for c in self.tree)
+            kind = "chain" if len(self.tree) == depth else "tree"
+            return (
+                f"EAGLE ({self.head}), target {self.dtype}, a {kind} of {len(self.tree)} drafts, depth {depth},"
+                f" {threads}: expected {self.expected_speedup:.2f}x the fastest AR"
+            )
         if self.framework == "ar":
             return f"greedy AR in {self.dtype} ({self.threads} thread{'s' if self.threads > 1 else ''}): no draft length is predicted to beat it (by the margin asked) at a = {self.acceptance:.2f}"
         return (
@@ -46,8 +68,10 @@ def _options_at(
     draft_dtypes: list[str],
     k_max: int,
     context: int,
+    eagle: EagleCandidate | None = None,
 ) -> list[Choice]:
-    """Every (target dtype, AR or SD with each draft dtype at its best K) the profile prices at `threads`."""
+    """Every (target dtype, AR, SD with each draft dtype at its best K, EAGLE with its best tree)
+    the profile prices at `threads`."""
     targets = [d for d in dtypes if profile.has(target, d, threads)]
     drafts = [d for d in draft_dtypes if profile.has(draft, d, threads)]
     if not targets:
@@ -80,7 +104,45 @@ def _options_at(
                     fastest_dtype,
                 )
             )
+        if eagle is not None and profile.has(eagle.key, dtype, threads):
+            options.append(_eagle_option(profile, target, dtype, threads, context, eagle, fastest_ar, fastest_dtype))
     return options
+
+
+def _eagle_option(
+    profile: LatencyProfile,
+    target: str,
+    dtype: str,
+    threads: int,
+    context: int,
+    eagle: EagleCandidate,
+    fastest_ar: float,
+    fastest_dtype: str,
+) -> Choice:
+    """EAGLE on `target` in `dtype` with the tree `shape_tree` picks from the profile's costs; trees
+    verify no more rows than the profile measured (beyond them its costs would be extrapolated)."""
+    measured = [e.new_tokens for e in profile.entries_of(target, dtype, threads) if e.layers is None]
+    shape = shape_tree(
+        eagle.acceptance,
+        verify_ms=lambda n: profile.ms(target, dtype, threads, n, context),
+        draft_ms=lambda rows: profile.ms(eagle.key, dtype, threads, rows, context),
+        max_nodes=max(1, max(measured) - 1),
+    )
+    speed = 1000.0 * shape.tokens_per_round / shape.ms_per_round
+    return Choice(
+        "eagle",
+        dtype,
+        None,
+        len(shape.choices),
+        speed / fastest_ar,
+        speed,
+        fastest_ar,
+        threads,
+        eagle.acceptance.rate(1, 0),
+        fastest_dtype,
+        tree=tuple(shape.choices),
+        head=eagle.head,
+    )
 
 
 def choose_configuration(
@@ -94,6 +156,7 @@ def choose_configuration(
     k_max: int = 8,
     context: int = 256,
     min_speedup: float = 1.0,
+    eagle: EagleCandidate | None = None,
 ) -> Choice:
     """The (threads, target dtype, draft dtype, K) with the most expected tokens per second.
 
@@ -103,14 +166,15 @@ def choose_configuration(
     the profile lacks are skipped (an error when none is left). `draft_dtypes` may name
     quantised variants ("bfloat16+int8-weight"); default: `dtypes`. A speculative option must
     be expected to run at least `min_speedup` times the fastest AR to be chosen: the model prices
-    a round's forwards only, not what else a round costs.
+    a round's forwards only, not what else a round costs. `eagle`: an EAGLE head competes too,
+    with the tree its measured acceptance and the profile's costs make best (`costs.tree`).
     """
     dtypes = list(dtypes)
     draft_dtypes = list(draft_dtypes or dtypes)
     best: Choice | None = None
     for t in [threads] if isinstance(threads, int) else list(threads):
-        for option in _options_at(profile, draft, target, acceptance, t, dtypes, draft_dtypes, k_max, context):
-            if option.framework == "sd" and option.expected_speedup < min_speedup:
+        for option in _options_at(profile, draft, target, acceptance, t, dtypes, draft_dtypes, k_max, context, eagle):
+            if option.framework != "ar" and option.expected_speedup < min_speedup:
                 continue
             # strictly faster only: on a tie the first option considered (AR before SD) stays
             if best is None or option.expected_tokens_per_second > best.expected_tokens_per_second:

@@ -10,18 +10,19 @@ import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from ..hardware import cpu_info, device_label
-from ..models import ModelSpec, load_model
+from ..models import LoadedModel, ModelSpec, load_model
 from ..models.quantize import QUANTIZATIONS, quantized_copy
 from ..routing import RoutingMask, SlimModel
 from .choice import winnable_dtypes
 from .model import attention_share
 from .profile import LatencyEntry, LatencyProfile, split_variant
-from .timing import time_forwards
+from .timing import time_draft_head, time_forwards
 
 logger = logging.getLogger(__name__)
 
@@ -321,3 +322,52 @@ def measure_for_choice(
         repeats=grid.repeats,
     )
     return measure_missing(profile, verifies, device, load, progress), kept
+
+
+def draft_head_key(target: str, head: str) -> str:
+    """The profile's model name for an EAGLE head's tree level over `target` (`time_draft_head`)."""
+    return f"{target}+eagle:{Path(str(head)).name}"
+
+
+def measure_draft_head(
+    profile: LatencyProfile,
+    target: str,
+    head: str,
+    dtypes: list[str],
+    grid: ProfileGrid,
+    context: int,
+    vocabulary: str | None = None,
+    device: str = "cpu",
+    load: Callable[[str, str, str], LoadedModel] | None = None,
+    progress: bool = True,
+) -> LatencyProfile:
+    """`profile` with the EAGLE `head`'s tree level timed over `target` in each of `dtypes` (as
+    `EagleDecoder` runs it: int8 on an int8 target, over the draft `vocabulary` when given) for
+    every count of `grid.new_tokens` as rows, at `context`, where `profile` lacks it.
+    `load(name, dtype, device)`: the target with its tokenizer (default: the model zoo's)."""
+    from ..hosts.eagle import EagleDecoder  # EAGLE is an optional extra
+
+    key = draft_head_key(target, head)
+    threads = usable_threads(grid.threads, device)
+    todo = [d for d in dtypes if not all(profile.has(key, d, t) for t in threads)]
+    if not todo:
+        return profile
+    load = load or (lambda name, dtype, device: load_model(ModelSpec(name=name, dtype=dtype, device=device)))
+    saved, entries = torch.get_num_threads(), []
+    bar = tqdm(total=len(todo) * len(threads), desc="EAGLE head", unit="point", disable=not progress)
+    try:
+        for dtype in todo:
+            loaded = load(target, dtype, device)
+            decoder = EagleDecoder(target=loaded.model, head=head, vocabulary=vocabulary, tokenizer=loaded.tokenizer)
+            tiered = decoder.model
+            lm_head = tiered.draft_head or tiered.base_model.lm_head
+            for t in threads:
+                torch.set_num_threads(t)
+                for n, ms in time_draft_head(tiered.ea_layer, lm_head, context, grid.new_tokens, grid.repeats).items():
+                    entries.append(LatencyEntry(key, dtype, t, context, n, statistics.median(ms), min(ms), len(ms)))
+                bar.update()
+            del decoder, tiered, loaded
+    finally:
+        torch.set_num_threads(saved)
+        bar.close()
+    return profile.merge(dataclasses.replace(profile, entries=entries))

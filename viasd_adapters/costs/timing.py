@@ -99,3 +99,44 @@ def measure_cost_ratio(
     return CostRatio(
         new_tokens, C, statistics.median(full), statistics.median(slim), statistics.median(ratios), repetitions
     )
+
+
+@torch.no_grad()
+def time_draft_head(
+    head: torch.nn.Module,
+    lm_head: torch.nn.Module,
+    context: int,
+    rows: Iterable[int],
+    repeats: int,
+    top_k: int = 10,
+    seed: int = 0,
+    warmup: int = 1,
+) -> dict[int, list[float]]:
+    """Milliseconds of one level of an EAGLE head's tree growth, as {rows: [ms per repetition]}:
+    the head (eagle-llm's `cnets.Model`) over `rows` new nodes after `context` cached positions,
+    then `lm_head` over its outputs and the top-`top_k`, as `topK_genrate` runs each level.
+
+    Random features and ids: the cost of these dense forwards does not depend on them. The cached
+    context is kept and each forward reads it afresh (eagle-llm's cache grows by concatenation).
+    """
+    counts = list(rows)
+    embeddings = head.embed_tokens.weight
+    device, H, V = embeddings.device, embeddings.shape[1], embeddings.shape[0]
+    gen = torch.Generator().manual_seed(seed)
+    head.reset()  # no tree mask: a causal level prices as a tree level of as many rows
+    features = torch.randn(1, context, H, generator=gen).to(device, embeddings.dtype)
+    _, past = head(features, input_ids=torch.randint(V, (1, context), generator=gen).to(device), use_cache=True)
+    times: dict[int, list[float]] = {n: [] for n in counts}
+    for r in range(warmup + repeats):
+        for n in counts:
+            hidden = torch.randn(1, n, H, generator=gen).to(device, embeddings.dtype)  # [1, n, H]
+            ids = torch.randint(V, (1, n), generator=gen).to(device)  # [1, n]
+            positions = torch.arange(context, context + n, device=device)[None]  # [1, n]
+            synchronize(device)
+            begin = time.perf_counter()
+            out, _ = head(hidden, input_ids=ids, past_key_values=past, position_ids=positions, use_cache=True)
+            torch.topk(lm_head(out[0]), top_k, dim=-1)
+            synchronize(device)
+            if r >= warmup:
+                times[n].append(1000.0 * (time.perf_counter() - begin))
+    return times

@@ -499,6 +499,7 @@ class EagleDecoder(Decoder):
     from Python, by the one `routing=` and `policy=` give (`tiers_verifier`). Which verifiers
     EAGLE runs is the compatibility table's to say (`viasd_adapters.compat`). `vocabulary`
     restricts what the head's tree growth scores (`TieredEagle`'s `draft_vocabulary`).
+    `tokenizer`: the target's tokenizer, for a target not loaded from a folder (EaModel reads one).
     `head_precision`: "int8" runs the head's layers in the int8 target's kernels (`quantize_head`),
     "as-loaded" keeps them in the dtype they loaded in; None, the default: int8 on an int8 target.
 
@@ -522,6 +523,7 @@ class EagleDecoder(Decoder):
         tokenizer_path: str | Path | None = None,
         vocabulary: DraftVocabulary | str | Path | None = None,
         head_precision: str | None = None,
+        tokenizer=None,
     ):
         if head_precision not in HEAD_PRECISIONS:
             raise ValueError(
@@ -536,7 +538,9 @@ class EagleDecoder(Decoder):
                 raise ValueError("the tiered verifier was built for another target than EAGLE's (its slim view)")
         self.tree = _tree_from_name(tree)
         if ea_model is None:
-            ea_model = ea_model_from_target(target, resolve_head(head), tokenizer_path, step=decode_step(target))
+            ea_model = ea_model_from_target(
+                target, resolve_head(head), tokenizer_path, step=decode_step(target), tokenizer=tokenizer
+            )
         if head_precision == "int8" or (head_precision is None and isinstance(ea_model.base_model.lm_head, Int8Linear)):
             quantize_head(ea_model)
         if verifier is None:
