@@ -94,3 +94,53 @@ def test_a_dear_verify_makes_a_chain_a_flat_one_a_wider_tree():
 def test_a_tree_cannot_be_shaped_before_any_round_was_measured():
     with pytest.raises(ValueError, match="no rounds"):
         shape_tree(RankAcceptance(), verify_ms=lambda n: 1.0, draft_ms=lambda n: 1.0)
+
+
+def test_the_profiled_tree_reads_the_heads_acceptance_and_this_machines_profile(tmp_path):
+    pytest.importorskip("eagle.model.cnets")
+    import torch
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from tests.costs.profiles import profile_of
+    from tests.costs.test_cli import _head_with_recipe
+    from viasd_adapters.configs import CONFIG_DIR
+    from viasd_adapters.costs import draft_head_key, profiled_tree
+
+    counts = _simulate({1: [0.8, 0.1], 2: [0.75, 0.1]}, WIDE, 2000)
+    head = _head_with_recipe(tmp_path, counts.to_dict())
+    threads = torch.get_num_threads()
+    path = tmp_path / "profile.json"
+    with pytest.raises(FileNotFoundError):
+        profiled_tree("tiny-random", str(head), "float32", profile_path=str(path))
+    profile_of(
+        {
+            ("tiny-random", "float32"): {1: 10.0, 4: 11.0, 8: 30.0},
+            (draft_head_key("tiny-random", str(head)), "float32"): {1: 0.5, 8: 0.6},
+        },
+        threads=threads,
+        context=256,
+    ).save(path)
+    tree = profiled_tree("tiny-random", str(head), "float32", profile_path=str(path))
+    expected = shape_tree(
+        counts,
+        lambda n: 10.0 + (n - 1) / 3 if n <= 4 else 11.0 + (n - 4) * 19 / 4,
+        lambda r: 0.5 + (r - 1) * 0.1 / 7,
+        max_nodes=7,
+    )
+    assert tree == [list(c) for c in expected.choices] and 1 < len(tree) <= 7
+    with pytest.raises(KeyError, match="run viasd-profile"):
+        profiled_tree("tiny-random", str(head), "bfloat16", profile_path=str(path))
+    # the method's config builds the same tree
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(
+            "bench",
+            overrides=[
+                "model_pair=tiny-random",
+                "runtime.dtype=float32",
+                "method=[eagle-profiled]",
+                f"method.eagle-profiled.framework.decoder.head={head}",
+                f"method.eagle-profiled.framework.decoder.tree.profile_path={path}",
+            ],
+        )
+    assert instantiate(cfg.method["eagle-profiled"].framework.decoder.tree) == tree

@@ -4,7 +4,6 @@ configuration beside greedy AR (what `make demo` runs)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from ..costs import (
     split_variant,
     usable_threads,
 )
-from ..decode import GenerationResult, RankAcceptance
+from ..decode import GenerationResult
 from ..decode.schedule import AdaptiveDraftLength
 from ..draft import ModelDrafter
 from ..models import load_model
@@ -91,7 +90,7 @@ def eagle_candidate(cfg: DictConfig) -> EagleCandidate | None:
     if not cfg.eagle_head:
         return None
     try:
-        from ..hosts.eagle import resolve_head
+        from ..hosts.eagle import head_acceptance, resolve_head
     except ImportError as err:
         logger.info("EAGLE not considered: %s", err)
         return None
@@ -100,9 +99,8 @@ def eagle_candidate(cfg: DictConfig) -> EagleCandidate | None:
     except ValueError:
         logger.info("EAGLE not considered: no head %r (eagle_head=FOLDER names one)", cfg.eagle_head)
         return None
-    recipe = folder / "recipe.json"
-    measured = json.loads(recipe.read_text()).get("rank_acceptance") if recipe.is_file() else None
-    if not measured:
+    measured = head_acceptance(folder)
+    if measured is None:
         logger.warning(
             "EAGLE not considered: the head in %s has no measured acceptance (recipe.json's rank_acceptance,"
             " which viasd-train-eagle writes)",
@@ -110,7 +108,7 @@ def eagle_candidate(cfg: DictConfig) -> EagleCandidate | None:
         )
         return None
     target = cfg.model_pair.target.name
-    return EagleCandidate(draft_head_key(target, str(folder)), str(folder), RankAcceptance.from_dict(measured))
+    return EagleCandidate(draft_head_key(target, str(folder)), str(folder), measured)
 
 
 def decode_both(cfg: DictConfig, profile: LatencyProfile, choice: Choice) -> list[Decoded]:

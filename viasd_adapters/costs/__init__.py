@@ -21,7 +21,6 @@ from .breakeven import settled_share_needed, slim_ratio_needed
 from .choice import Choice, EagleCandidate, choose_configuration, winnable_dtypes
 from .measure import (
     ProfileGrid,
-    draft_head_key,
     measure_draft_head,
     measure_for_choice,
     measure_missing,
@@ -36,12 +35,13 @@ from .profile import (
     LatencyEntry,
     LatencyProfile,
     default_profile_path,
+    draft_head_key,
     load_profile,
     profile_dir,
     split_variant,
 )
 from .timing import CostRatio, measure_cost_ratio, time_draft_head, time_forwards
-from .tree import TreeShape, shape_tree
+from .tree import TreeShape, profiled_tree, shape_tree
 
 __all__ = [
     "DRAFTER_QUANTIZATIONS",
@@ -74,6 +74,7 @@ __all__ = [
     "missing_points",
     "profile_dir",
     "profiled_draft_length",
+    "profiled_tree",
     "settled_share_needed",
     "shape_tree",
     "slim_ratio_needed",

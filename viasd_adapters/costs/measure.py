@@ -10,7 +10,6 @@ import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -21,7 +20,7 @@ from ..models.quantize import QUANTIZATIONS, quantized_copy
 from ..routing import RoutingMask, SlimModel
 from .choice import winnable_dtypes
 from .model import attention_share
-from .profile import LatencyEntry, LatencyProfile, split_variant
+from .profile import LatencyEntry, LatencyProfile, draft_head_key, split_variant
 from .timing import time_draft_head, time_forwards
 
 logger = logging.getLogger(__name__)
@@ -322,11 +321,6 @@ def measure_for_choice(
         repeats=grid.repeats,
     )
     return measure_missing(profile, verifies, device, load, progress), kept
-
-
-def draft_head_key(target: str, head: str) -> str:
-    """The profile's model name for an EAGLE head's tree level over `target` (`time_draft_head`)."""
-    return f"{target}+eagle:{Path(str(head)).name}"
 
 
 def measure_draft_head(

@@ -51,6 +51,11 @@ def split_variant(dtype: str) -> tuple[str, str | None]:
     return base, quantization or None
 
 
+def draft_head_key(target: str, head: str) -> str:
+    """The model name entries of an EAGLE head's tree level over `target` have (`time_draft_head`)."""
+    return f"{target}+eagle:{Path(str(head)).name}"
+
+
 @dataclass(frozen=True)
 class LatencyEntry:
     """One measured forward configuration."""

@@ -12,11 +12,17 @@ is the one with the most tokens per millisecond, a chain when the verify's extra
 from __future__ import annotations
 
 import heapq
+import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from ..decode.stats import RankAcceptance
+from .profile import draft_head_key, load_profile
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -100,3 +106,46 @@ def shape_tree(
             best = shape
     assert best is not None
     return best
+
+
+def profiled_tree(
+    target: str,
+    head: str,
+    dtype: str,
+    device: str = "cpu",
+    profile_path: str | None = None,
+    context: int = 256,
+    max_nodes: int | None = None,
+) -> list[list[int]]:
+    """The EAGLE tree (eagle-llm's `tree_choices`) for `head` on `target` in `dtype` at this
+    process's threads: `shape_tree` on the head's measured acceptance and this machine's cached
+    latency profile (`viasd-profile` measures the head's tree level beside the target). Trees
+    verify no more rows than the profile measured, unless `max_nodes` says otherwise."""
+    from ..hosts.eagle import head_acceptance, resolve_head  # EAGLE is an optional extra
+
+    folder = resolve_head(head)
+    acceptance = head_acceptance(folder)
+    if acceptance is None:
+        raise ValueError(
+            f"the head in {folder} has no measured acceptance (recipe.json's rank_acceptance): retrain it with"
+            " viasd-train-eagle, or give the tree (framework.decoder.tree)"
+        )
+    profile, threads, key = (
+        load_profile(profile_path, device),
+        torch.get_num_threads(),
+        draft_head_key(target, str(folder)),
+    )
+    if not profile.has(key, dtype, threads):
+        raise KeyError(
+            f"the latency profile has no tree level of the EAGLE head {folder.name} over {target} in {dtype} at"
+            f" {threads} thread(s): run viasd-profile model_pair=... eagle_head={head} runtime.threads={threads}"
+        )
+    measured = max(e.new_tokens for e in profile.entries_of(target, dtype, threads) if e.layers is None)
+    shape = shape_tree(
+        acceptance,
+        verify_ms=lambda n: profile.ms(target, dtype, threads, n, context),
+        draft_ms=lambda rows: profile.ms(key, dtype, threads, rows, context),
+        max_nodes=max_nodes or max(1, measured - 1),
+    )
+    logger.info("EAGLE tree from the latency profile: %s", shape.describe())
+    return [list(c) for c in shape.choices]

@@ -29,6 +29,7 @@ Terms: N tree nodes, P paths, D = max drafts on a path (`mc_sim_7b_63`: N 26, P 
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import time
 from collections.abc import Iterator
@@ -486,6 +487,14 @@ def quantize_head(ea_model: EaModel) -> None:
     H = head.embed_tokens.embedding_dim
     outliers["fc"] = [torch.arange(H), outliers["fc"][outliers["fc"] >= H]]  # fc's input: cat(embedding, feature)
     quantize_module(head, "int8", skip=(head.embed_tokens,), outliers=outliers)
+
+
+def head_acceptance(folder: str | Path) -> RankAcceptance | None:
+    """The acceptance by depth and rank the head in `folder` was measured at when trained (its
+    recipe.json's, which `viasd-train-eagle` writes); None when it has none."""
+    recipe = Path(folder) / "recipe.json"
+    measured = json.loads(recipe.read_text()).get("rank_acceptance") if recipe.is_file() else None
+    return RankAcceptance.from_dict(measured) if measured else None
 
 
 class EagleDecoder(Decoder):
