@@ -68,6 +68,11 @@ class CpuInfo:
             return f"{name}-{best}"
         return f"{name}-{best}-limited-{hashlib.sha256(' '.join(self.limits).encode()).hexdigest()[:8]}"
 
+    @property
+    def native_bf16(self) -> bool:
+        """Whether torch multiplies bf16 in hardware here (AVX512-BF16 or AMX), no kernel limit in force."""
+        return not self.limits and bool({"AVX512-BF16", "AMX-BF16"} & set(self.isa))
+
     def to_dict(self) -> dict:
         out = asdict(self)
         out["isa"] = list(self.isa)

@@ -105,3 +105,21 @@ def test_trained_positions_are_those_whose_next_next_token_is_an_answer():
     mask = torch.tensor([0, 0, 0, 1, 1, 0, 0, 1, 1], dtype=torch.bool)
     # position t regresses f_{t+1}, which scores x_{t+2}; the last one (t = 7) where x_8 is an answer
     assert eagle.position_mask(mask).tolist() == [False, True, True, False, False, True, True, True]
+
+
+def test_the_training_precision_is_checked_and_bf16_only_where_the_cpu_multiplies_it(monkeypatch):
+    from viasd_adapters import hardware
+
+    with pytest.raises(ValueError, match="train.precision='fp16'"):
+        eagle.TrainConfig(precision="fp16")
+    for isa, limits, expected in [
+        (("AVX512-BF16", "AVX-512", "AVX2"), (), "bfloat16"),
+        (("AMX-BF16", "AVX2"), (), "bfloat16"),
+        (("AVX-512", "AVX2"), (), "float32"),
+        (("AVX512-BF16", "AVX2"), ("ATEN_CPU_CAPABILITY=avx2",), "float32"),  # an emulated AVX2 CPU
+    ]:
+        cpu = hardware.CpuInfo("cpu", isa, 2, limits)
+        monkeypatch.setattr(hardware, "cpu_info", lambda cpu=cpu: cpu)
+        assert eagle.TrainConfig().resolved_precision() == expected
+        assert eagle.TrainConfig(precision="bfloat16").resolved_precision() == "bfloat16"
+        assert eagle.TrainConfig(precision="float32").resolved_precision() == "float32"
