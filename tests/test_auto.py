@@ -53,3 +53,42 @@ def test_auto_without_a_profile_says_how_to_measure_one(tmp_path, monkeypatch):
     monkeypatch.setenv("VIASD_CACHE", str(tmp_path))
     with pytest.raises(Exception, match="viasd-profile"):
         run(compose_generate(*TINY, "framework=auto"))
+
+
+def _head_for_tiny_random(tmp_path, top_rate: float):
+    """A random EAGLE head for tiny-random with a recipe's measured acceptance, and a tokenizer folder."""
+    import json
+
+    from viasd_adapters.decode import RankAcceptance
+    from viasd_adapters.pipeline import load_pair
+    from viasd_adapters.third_party.eagle import build_head, head_config, save_head
+
+    pair = load_pair(compose_generate(*TINY).model_pair, with_draft=False)
+    config = head_config(pair.target.model.config, intermediate_size=32)
+    torch.manual_seed(0)
+    folder = save_head(build_head(config), config, tmp_path / "head", full=False, compact=True)
+    ranks = RankAcceptance()
+    for depth in range(1, 6):
+        ranks.offered[depth, 0], ranks.taken[depth, 0] = 100, int(100 * top_rate)
+    (folder / "recipe.json").write_text(json.dumps({"rank_acceptance": ranks.to_dict()}))
+    pair.target.tokenizer.save_pretrained(tmp_path / "tokenizer")
+    return folder, tmp_path / "tokenizer"
+
+
+@pytest.mark.parametrize("head_ms, chosen", [(1.0, "auto: EAGLE"), (400.0, "auto: SD")])
+def test_auto_decodes_with_eagle_where_the_profile_predicts_its_tree_fastest(tmp_path, monkeypatch, head_ms, chosen):
+    pytest.importorskip("eagle.model.cnets")
+    from viasd_adapters.costs import draft_head_key, load_profile
+
+    write_profile(tmp_path, monkeypatch, int8_draft_ms=5.0)
+    head, tokenizer = _head_for_tiny_random(tmp_path, top_rate=0.9)
+    profile = load_profile()
+    key, threads = draft_head_key(NAME, str(head)), torch.get_num_threads()
+    profile.entries += [LatencyEntry(key, "float32", threads, 256, n, head_ms) for n in (1, 8)]
+    profile.save(default_profile_path())
+    eagle = (f"framework.decoder.eagle_head={head}", f"framework.decoder.tokenizer_path={tokenizer}")
+    ar = run(compose_generate(*TINY, "framework=ar"))
+    auto = run(compose_generate(*TINY, "framework=auto", *eagle))
+    assert auto.method == chosen
+    assert auto.result.tokens == ar.result.tokens  # lossless either way
+    assert (auto.result.stats.tree_ranks is not None) == (chosen == "auto: EAGLE")

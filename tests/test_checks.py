@@ -136,6 +136,13 @@ def test_every_shipped_method_passes(placeholder_profile):
     methods = sorted(p.stem for p in (pathlib.Path(CONFIG_DIR) / "method").glob("*.yaml"))
     if importlib.util.find_spec("llama_cpp") is None:  # an optional extra's method: refused without it (below)
         methods.remove("llama-cpp")
+    from viasd_adapters.hosts.eagle import SHIPPED_HEADS
+
+    if not (SHIPPED_HEADS / "qwen2.5-coder-1.5b-instruct").is_dir():
+        # eagle-profiled shapes its tree from the pair's head when checked: without one it is refused at once
+        methods.remove("eagle-profiled")
+        with pytest.raises(ValueError, match="eagle-profiled: framework.decoder.tree: no EAGLE head .* train one"):
+            check_config(composed("bench", ["method=[eagle-profiled]"]), [])
     check_config(composed("bench", [f"method=[{','.join(methods)}]"]), [])
 
 
@@ -181,7 +188,7 @@ def test_the_refused_framework_verifier_pairs_are_exactly_these(placeholder_prof
     assert refused["eagle", "faster-cascade"] == (
         "framework=eagle (EAGLE) runs verifier=full (stock EAGLE) or verifier=tiered (VIA-SD on a routed view of"
         " the target's own layers), not verifier=faster-cascade: pick one of those, or framework=sd or"
-        " framework=pearl for verifier=faster-cascade"
+        " framework=pearl or framework=auto for verifier=faster-cascade"
     )
 
 

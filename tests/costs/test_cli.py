@@ -86,16 +86,12 @@ def test_the_demo_decodes_eagle_with_the_chosen_tree_as_greedy_ar_does(tmp_path)
 
 def test_the_profile_considers_a_head_only_with_its_measured_acceptance(tmp_path, caplog):
     pytest.importorskip("eagle.model.cnets")
-    from viasd_adapters.cli.profile import eagle_candidate
+    from viasd_adapters.costs import eagle_candidate
 
     measured = {"offered": [[1, 0, 10]], "taken": [[1, 0, 7]]}
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("profile", overrides=["model_pair=tiny-random"])
-    assert eagle_candidate(cfg) is None  # no head shipped for tiny-random
-    cfg.eagle_head = str(_head_with_recipe(tmp_path, None))
-    assert eagle_candidate(cfg) is None and "no measured acceptance" in caplog.text
-    cfg.eagle_head = str(_head_with_recipe(tmp_path, measured))
-    candidate = eagle_candidate(cfg)
+    assert eagle_candidate("tiny-random", "tiny-random") is None  # no head shipped for tiny-random
+    assert eagle_candidate("tiny-random", str(_head_with_recipe(tmp_path, None))) is None
+    assert "no measured acceptance" in caplog.text
+    candidate = eagle_candidate("tiny-random", str(_head_with_recipe(tmp_path, measured)))
     assert candidate.acceptance.rate(1, 0, prior=0) == 0.7 and candidate.key.startswith("tiny-random+eagle:")
-    cfg.eagle_head = None
-    assert eagle_candidate(cfg) is None
+    assert eagle_candidate("tiny-random", None) is None

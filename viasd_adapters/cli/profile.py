@@ -15,12 +15,11 @@ from omegaconf import DictConfig
 from ..api import build
 from ..costs import (
     Choice,
-    EagleCandidate,
     LatencyProfile,
     ProfileGrid,
     choose_configuration,
     default_profile_path,
-    draft_head_key,
+    eagle_candidate,
     load_profile,
     measure_draft_head,
     measure_for_choice,
@@ -83,34 +82,6 @@ def ensure_profile(cfg: DictConfig, grid: ProfileGrid, path: Path, load=None) ->
     return profile, dtypes, measured
 
 
-def eagle_candidate(cfg: DictConfig) -> EagleCandidate | None:
-    """The EAGLE head the choice considers (`cfg.eagle_head`: a folder or a shipped head's name),
-    with the acceptance by depth and rank its training measured (its recipe.json); None, with the
-    reason logged, when there is none to consider."""
-    if not cfg.eagle_head:
-        return None
-    try:
-        from ..hosts.eagle import head_acceptance, resolve_head
-    except ImportError as err:
-        logger.info("EAGLE not considered: %s", err)
-        return None
-    try:
-        folder = resolve_head(cfg.eagle_head)
-    except ValueError:
-        logger.info("EAGLE not considered: no head %r (eagle_head=FOLDER names one)", cfg.eagle_head)
-        return None
-    measured = head_acceptance(folder)
-    if measured is None:
-        logger.warning(
-            "EAGLE not considered: the head in %s has no measured acceptance (recipe.json's rank_acceptance,"
-            " which viasd-train-eagle writes)",
-            folder,
-        )
-        return None
-    target = cfg.model_pair.target.name
-    return EagleCandidate(draft_head_key(target, str(folder)), str(folder), measured)
-
-
 def decode_both(cfg: DictConfig, profile: LatencyProfile, choice: Choice) -> list[Decoded]:
     """Greedy AR of the chosen target, the chosen configuration and, where another precision's AR
     is faster, greedy AR in that one, on `cfg.prompt`, each warmed up once first."""
@@ -163,7 +134,7 @@ def run(cfg: DictConfig) -> ProfileOutcome:
         grid.dtypes = [d for d in grid.dtypes if d not in QUANTIZED_PRECISIONS]
     path = Path(cfg.profile_path) if cfg.profile_path else default_profile_path(device)
     profile, dtypes, measured = ensure_profile(cfg, grid, path, pair_loader(cfg.model_pair))
-    eagle = eagle_candidate(cfg)
+    eagle = eagle_candidate(cfg.model_pair.target.name, cfg.eagle_head)
     if eagle is not None:
         before = len(profile.entries)
         profile = measure_draft_head(

@@ -12,13 +12,14 @@
 
 from .auto import (
     DRAFTER_QUANTIZATIONS,
+    ProfiledDecoder,
     ProfiledDrafter,
     adaptive_draft_length,
     chosen_draft_variant,
     profiled_draft_length,
 )
 from .breakeven import settled_share_needed, slim_ratio_needed
-from .choice import Choice, EagleCandidate, choose_configuration, winnable_dtypes
+from .choice import Choice, EagleCandidate, choose_configuration, eagle_candidate, winnable_dtypes
 from .measure import (
     ProfileGrid,
     measure_draft_head,
@@ -55,6 +56,7 @@ __all__ = [
     "LatencyProfile",
     "Line",
     "ProfileGrid",
+    "ProfiledDecoder",
     "ProfiledDrafter",
     "TreeShape",
     "adaptive_draft_length",
@@ -63,6 +65,7 @@ __all__ = [
     "chosen_draft_variant",
     "default_profile_path",
     "draft_head_key",
+    "eagle_candidate",
     "fit_line",
     "load_profile",
     "measure_cost_ratio",

@@ -1,6 +1,7 @@
-"""Decoding parts built from this machine's latency profile: `framework=auto` (the drafter
-variant the profile chooses, and a draft length that may fall to 0) and `method=sd-adaptive`
-(a draft length on the profiled costs of a fixed pair)."""
+"""Decoding parts built from this machine's latency profile: `framework=auto` (SD with the drafter
+variant the profile chooses and a draft length that may fall to 0, or EAGLE with the profile's
+tree where the pair's target has a head) and `method=sd-adaptive` (a draft length on the profiled
+costs of a fixed pair)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import logging
 
 import torch
 
+from ..decode import Decoder, SpeculativeDecoder
 from ..decode.schedule import ASSUMED_ACCEPTANCE, AdaptiveDraftLength, DraftCosts
 from ..draft import ModelDrafter
-from .choice import choose_configuration
+from ..verify import LosslessVerifier
+from .choice import choose_configuration, eagle_candidate
 from .profile import load_profile, split_variant
 
 logger = logging.getLogger(__name__)
@@ -100,8 +103,8 @@ class ProfiledDrafter(ModelDrafter):
         **drafter_settings,
     ):
         """`acceptance`: the pair's per-token acceptance, at which the variant is chosen."""
-        variant = chosen_draft_variant(draft, target, dtype, draft_dtype, device, profile_path, acceptance)
-        super().__init__(model, quantize=split_variant(variant)[1], **drafter_settings)
+        self.variant = chosen_draft_variant(draft, target, dtype, draft_dtype, device, profile_path, acceptance)
+        super().__init__(model, quantize=split_variant(self.variant)[1], **drafter_settings)
 
 
 def profiled_draft_length(
@@ -121,3 +124,71 @@ def profiled_draft_length(
     return adaptive_draft_length(
         draft, target, dtype, variant, profile_path=profile_path, device=device, k_min=k_min, **schedule_settings
     )
+
+
+class ProfiledDecoder(Decoder):
+    """`framework=auto`'s loop: what this machine's latency profile predicts fastest for the run's
+    target precision and thread count, chosen once when built. SD with the profiled drafter and
+    draft length (K may fall to 0: greedy AR steps), or EAGLE with the profile's tree where the
+    pair's target has a head with a measured acceptance whose tree level the profile has timed
+    (`viasd-profile` does) and the profile predicts it faster. Lossless either way.
+
+    `decoder` is the loop chosen; `drafter` and `verifier` are SD's parts (EAGLE drafts with its head).
+    With a verifier other than the lossless one (VIA-SD's tiers), the loop is SD.
+    """
+
+    def __init__(
+        self,
+        target,
+        drafter: ProfiledDrafter,
+        verifier,
+        draft_length: AdaptiveDraftLength,
+        draft: str,
+        target_name: str,
+        dtype: str,
+        device: str = "cpu",
+        profile_path: str | None = None,
+        acceptance: float = ASSUMED_ACCEPTANCE,
+        eagle_head: str | None = None,
+        vocabulary: str | None = None,
+        tokenizer_path: str | None = None,
+        context: int = 256,
+    ):
+        self.drafter, self.verifier = drafter, verifier
+        self.decoder: Decoder = SpeculativeDecoder(drafter, verifier, draft_length=draft_length)
+        # EAGLE stands in for SD only as a lossless loop (VIA-SD's tiers on it are framework=eagle's)
+        candidate = eagle_candidate(target_name, eagle_head) if type(verifier) is LosslessVerifier else None
+        profile, threads = load_profile(profile_path, device), torch.get_num_threads()
+        if candidate is None or not profile.has(candidate.key, dtype, threads):
+            if candidate is not None:
+                logger.info("EAGLE not considered: the profile has not timed its head (run viasd-profile)")
+            return
+        choice = choose_configuration(
+            profile,
+            draft,
+            target_name,
+            acceptance,
+            threads,
+            [dtype],
+            [drafter.variant],
+            context=context,
+            eagle=candidate,
+        )
+        if choice.framework == "eagle":
+            from ..hosts.eagle import EagleDecoder
+
+            logger.info("auto: %s", choice.describe())
+            self.decoder = EagleDecoder(
+                target=target,
+                head=candidate.head,
+                tree=[list(c) for c in choice.tree],
+                vocabulary=vocabulary,
+                verifier=verifier,
+                tokenizer_path=tokenizer_path,
+            )
+
+    def generate(self, input_ids, max_new_tokens, sampling=None, stop_token_ids=(), streamer=None):
+        return self.decoder.generate(input_ids, max_new_tokens, sampling, stop_token_ids, streamer)
+
+    def cores(self, threads: int) -> int:
+        return self.decoder.cores(threads)

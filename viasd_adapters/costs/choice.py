@@ -4,13 +4,16 @@ profile and an assumed per-token acceptance (Leviathan's S(a, K), `decode.schedu
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..decode.schedule import best_draft_length, expected_speedup
 from ..decode.stats import RankAcceptance
-from .profile import LatencyProfile
+from .profile import LatencyProfile, draft_head_key
 from .tree import shape_tree
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,32 @@ class EagleCandidate:
     key: str
     head: str
     acceptance: RankAcceptance
+
+
+def eagle_candidate(target: str, head: str | None) -> EagleCandidate | None:
+    """The EAGLE head `head` (a folder or a shipped head's name) over `target`, with the acceptance
+    by depth and rank its training measured; None, the reason logged, when there is none to weigh."""
+    if not head:
+        return None
+    try:
+        from ..hosts.eagle import head_acceptance, resolve_head  # EAGLE is an optional extra
+    except ImportError as err:
+        logger.info("EAGLE not considered: %s", err)
+        return None
+    try:
+        folder = resolve_head(head)
+    except ValueError:
+        logger.info("EAGLE not considered: no head %r (name a head folder to weigh one)", head)
+        return None
+    measured = head_acceptance(folder)
+    if measured is None:
+        logger.warning(
+            "EAGLE not considered: the head in %s has no measured acceptance (recipe.json's rank_acceptance,"
+            " which viasd-train-eagle writes)",
+            folder,
+        )
+        return None
+    return EagleCandidate(draft_head_key(target, str(folder)), str(folder), measured)
 
 
 @dataclass(frozen=True)

@@ -164,6 +164,12 @@ def _sd_label(decoder) -> str:
     return {PromptLookupDrafter: "prompt-lookup SD", CascadeDrafter: "Cascade SD"}.get(type(decoder.drafter), "SD")
 
 
+def _auto_label(decoder) -> str:
+    """auto by the loop it chose: "auto: SD", "auto: EAGLE"."""
+    chosen = HOSTS.for_decoder(type(decoder.decoder))
+    return f"auto: {chosen.label(decoder.decoder) if chosen.label is not None else chosen.name}"
+
+
 HOSTS = HostRegistry(
     [
         # AR verifies nothing: the `verifier` group's default (full) is left unused, anything else refused
@@ -182,6 +188,15 @@ HOSTS = HostRegistry(
             fixed={"share_prefix": False, "gate": None},
             trees=True,
             runs="verifier=full (stock EAGLE) or verifier=tiered (VIA-SD on a routed view of the target's own layers)",
+        ),
+        # What the latency profile predicts fastest, chosen when built: SD or EAGLE (`ProfiledDecoder.decoder`);
+        # any verifier, as SD (EAGLE is considered with the lossless one only)
+        HostSpec(
+            "auto",
+            "auto",
+            "viasd_adapters.costs.ProfiledDecoder",
+            ("target", "drafter", "verifier"),
+            label=_auto_label,
         ),
         # A speed anchor, not a host: llama.cpp decodes the target's GGUF itself (the target's own dtype is unused)
         HostSpec(
