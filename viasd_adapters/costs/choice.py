@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..decode.schedule import best_draft_length, expected_speedup
 from ..decode.stats import RankAcceptance
 from .profile import LatencyProfile, draft_head_key
-from .tree import shape_tree
+from .tree import profiled_shape
 
 logger = logging.getLogger(__name__)
 
@@ -148,15 +148,8 @@ def _eagle_option(
     fastest_ar: float,
     fastest_dtype: str,
 ) -> Choice:
-    """EAGLE on `target` in `dtype` with the tree `shape_tree` picks from the profile's costs; trees
-    verify no more rows than the profile measured (beyond them its costs would be extrapolated)."""
-    measured = [e.new_tokens for e in profile.entries_of(target, dtype, threads) if e.layers is None]
-    shape = shape_tree(
-        eagle.acceptance,
-        verify_ms=lambda n: profile.ms(target, dtype, threads, n, context),
-        draft_ms=lambda rows: profile.ms(eagle.key, dtype, threads, rows, context),
-        max_nodes=max(1, max(measured) - 1),
-    )
+    """EAGLE on `target` in `dtype` with the tree the profile's costs make best (`profiled_shape`)."""
+    shape = profiled_shape(profile, eagle.acceptance, target, eagle.key, dtype, threads, context)
     speed = 1000.0 * shape.tokens_per_round / shape.ms_per_round
     return Choice(
         "eagle",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..decode.stats import RankAcceptance
-from .profile import draft_head_key, load_profile
+from .profile import LatencyProfile, draft_head_key, load_profile
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +108,28 @@ def shape_tree(
     return best
 
 
+def profiled_shape(
+    profile: LatencyProfile,
+    acceptance: RankAcceptance,
+    target: str,
+    head_key: str,
+    dtype: str,
+    threads: int,
+    context: int = 256,
+    max_nodes: int | None = None,
+) -> TreeShape:
+    """`shape_tree` on `profile`'s costs: the target's verify in `dtype` and the head's tree level
+    (`head_key`, `draft_head_key`). Trees verify no more rows than the profile measured (beyond them
+    its costs would be extrapolated), unless `max_nodes` says otherwise."""
+    measured = max(e.new_tokens for e in profile.entries_of(target, dtype, threads) if e.layers is None)
+    return shape_tree(
+        acceptance,
+        verify_ms=lambda n: profile.ms(target, dtype, threads, n, context),
+        draft_ms=lambda rows: profile.ms(head_key, dtype, threads, rows, context),
+        max_nodes=max_nodes or max(1, measured - 1),
+    )
+
+
 def profiled_tree(
     target: str,
     head: str,
@@ -140,12 +162,6 @@ def profiled_tree(
             f"the latency profile has no tree level of the EAGLE head {folder.name} over {target} in {dtype} at"
             f" {threads} thread(s): run viasd-profile model_pair=... eagle_head={head} runtime.threads={threads}"
         )
-    measured = max(e.new_tokens for e in profile.entries_of(target, dtype, threads) if e.layers is None)
-    shape = shape_tree(
-        acceptance,
-        verify_ms=lambda n: profile.ms(target, dtype, threads, n, context),
-        draft_ms=lambda rows: profile.ms(key, dtype, threads, rows, context),
-        max_nodes=max_nodes or max(1, measured - 1),
-    )
+    shape = profiled_shape(profile, acceptance, target, key, dtype, threads, context, max_nodes)
     logger.info("EAGLE tree from the latency profile: %s", shape.describe())
     return [list(c) for c in shape.choices]

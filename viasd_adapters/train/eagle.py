@@ -538,8 +538,8 @@ def train_head(
 
 
 def best_evaluation(history: list[dict]) -> dict:
-    """The evaluation record with the most decoded tokens per round."""
-    return max((h for h in history if "tokens_per_round" in h), key=lambda h: h["tokens_per_round"])
+    """The evaluation record with the most decoded tokens per round ({} when none was decoded)."""
+    return max((h for h in history if "tokens_per_round" in h), key=lambda h: h["tokens_per_round"], default={})
 
 
 def decode_prompts(held_out: list[dict], cfg: TrainConfig) -> list[list[int]]:
@@ -820,8 +820,6 @@ def _recipe(
             if "eval_top1" in h
         ],
         # what trees are shaped from (costs.tree): the kept head's acceptance by depth and rank
-        "rank_acceptance": best_evaluation(history)["rank_acceptance"]
-        if any("tokens_per_round" in h for h in history)
-        else None,
+        "rank_acceptance": best_evaluation(history).get("rank_acceptance"),
         "history": [{k: v for k, v in h.items() if k != "rank_acceptance"} for h in history[-5:]],
     }
