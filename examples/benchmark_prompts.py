@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--limit", type=int, default=None, help="prompts per category (default: all)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads: every method gets the same")
     parser.add_argument("--out-dir", type=Path, default=Path("outputs/examples") / time.strftime("bench-%Y%m%d-%H%M%S"))
-    parser.add_argument("overrides", nargs="*", help="more viasd-bench overrides, e.g. runtime.dtype=float32")
+    parser.add_argument("overrides", nargs="*", help="more viasd-bench overrides, e.g. runtime.weights=float32")
     args = parser.parse_args(argv)
     if not args.prompts.is_file():
         raise SystemExit(f"no prompt file {args.prompts}: pass --prompts FILE (.txt, one prompt per line, or .jsonl)")

@@ -23,7 +23,7 @@ def import_or_skip_outside_ci(module: str):
 
 def tiny(seed: int = 0, num_layers: int = 4, dtype: str = "float32", **kw) -> LoadedModel:
     return build_tiny_model(
-        ModelSpec("tiny-random", dtype=dtype, tiny=TinyModelConfig(seed=seed, num_layers=num_layers, **kw))
+        ModelSpec("tiny-random", weights=dtype, tiny=TinyModelConfig(seed=seed, num_layers=num_layers, **kw))
     )
 
 
@@ -52,7 +52,7 @@ def tiny_pair_config(*overrides: str):
     from tests.test_configs import compose_generate
 
     return compose_generate(
-        "model_pair=tiny-random", "runtime.dtype=float32", "runtime.draft_dtype=float32", *overrides
+        "model_pair=tiny-random", "runtime.weights=float32", "runtime.draft_weights=float32", *overrides
     ).model_pair
 
 

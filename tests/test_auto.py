@@ -15,8 +15,8 @@ from viasd_adapters.costs import LatencyEntry, LatencyProfile, chosen_draft_vari
 NAME = "tiny-random"  # draft and target of the tiny pair share the name; the variant tells them apart
 TINY = (
     "model_pair=tiny-random",
-    "runtime.dtype=float32",
-    "runtime.draft_dtype=float32",
+    "runtime.weights=float32",
+    "runtime.draft_weights=float32",
     "prompt=Hello there",
     "max_new_tokens=24",
 )

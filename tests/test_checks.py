@@ -31,9 +31,15 @@ BAD = [  # (command, overrides, what the error must say)
     ("generate", ["sampling.top_k=2.5"], "top_k must be a whole number"),
     ("generate", ["sampling.seed=-3"], "seed must be a whole number >= 0"),
     ("generate", ["prompt=' '"], "prompt is empty"),
-    ("generate", ["runtime.dtype=float64"], "runtime.dtype=float64 is not one of float32, bfloat16, float16, int8"),
-    ("generate", ["runtime.draft_dtype=int4"], "runtime.draft_dtype=int4 is not one of"),
-    ("generate", ["runtime.dtype=int8", "runtime.device=meta"], "runtime.dtype=int8: its W8A8 kernels .* CPUs only"),
+    ("generate", ["runtime.weights=float64"], "runtime.weights=float64 is not one of float32, bfloat16, float16, int8"),
+    ("generate", ["runtime.draft_weights=int4"], "runtime.draft_weights=int4 is not one of"),
+    ("generate", ["runtime.activations=int8"], "runtime.weights=float32 with runtime.activations=int8: a float model"),
+    (
+        "generate",
+        ["runtime.draft_activations=float32"],
+        "set runtime.draft_activations=null, or runtime.draft_weights=int8",
+    ),
+    ("generate", ["runtime.weights=int8", "runtime.device=meta"], "runtime.weights=int8: its kernels .* CPUs only"),
     ("generate", ["runtime.device=gpu"], "is not a torch device"),
     ("generate", ["runtime.compile=sometimes"], "runtime.compile='sometimes': use true, false or auto"),
     (
@@ -70,12 +76,12 @@ BAD = [  # (command, overrides, what the error must say)
     ("generate", ["framework=llama-cpp", "verifier=tiered"], "framework=llama-cpp .* takes no verifier"),
     (
         "generate",
-        ["runtime.draft_dtype=int8", "framework=sd-fast"],
+        ["runtime.draft_weights=int8", "framework=sd-fast"],
         "int8 linear layers already.*framework.drafter.quantize=null",
     ),
     (
         "bench",
-        ["runtime.draft_dtype=int8", "method=[ar,sd-int8]"],
+        ["runtime.draft_weights=int8", "method=[ar,sd-int8]"],
         "method.sd-int8.framework.drafter.quantize=int8-weight has nothing",
     ),
     ("bench", ["repetitions=0"], "repetitions must be a whole number >= 1"),

@@ -57,7 +57,7 @@ def test_capabilities_refuse_what_a_host_cannot_do():
     greedy_only = HostSpec("g", "G", "x.G", ("target",), sampling=False, int8=False, streams=False)
     for asked, fix in (
         ("sampled", "temperature to 0"),
-        ("int8", "runtime.dtype=bfloat16"),
+        ("int8", "runtime.weights=bfloat16"),
         ("streamed", "drop the streamer"),
     ):
         with pytest.raises(ValueError, match=f"^G .*{fix}"):

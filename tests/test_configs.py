@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -30,10 +31,10 @@ def test_groups_are_not_empty():
 
 @pytest.mark.parametrize("pair", options("model_pair"))
 def test_model_pairs_instantiate_specs(pair):
-    cfg = compose_generate(f"model_pair={pair}", "runtime.dtype=float16")
+    cfg = compose_generate(f"model_pair={pair}", "runtime.weights=float16")
     target, draft = (instantiate(cfg.model_pair[role]) for role in ("target", "draft"))
     assert isinstance(target, ModelSpec) and isinstance(draft, ModelSpec)
-    assert target.dtype == "float16"
+    assert target.weights == "float16" and target.precision.torch_dtype == torch.float16
 
 
 @pytest.mark.parametrize("framework", options("framework"))
@@ -151,9 +152,9 @@ def test_a_mistyped_config_value_fails_while_composing_naming_it(override, key):
 def test_commands_differ_from_the_runtime_defaults_only_where_they_say_why():
     differing = {c: {k: v for k, v in compose_command(c).runtime.items() if v != RUNTIME[k]} for c in COMMANDS}
     assert {c: d for c, d in differing.items() if d} == {
-        "frontier": {"dtype": "float32", "threads": 2},  # agreement measures lossy tiers only; equal cores
-        "generate": {"dtype": "float32"},  # greedy SD token-identical to greedy AR
-        "train_eagle": {"dtype": "float32"},  # the target's features, as the head is trained on them
+        "frontier": {"weights": "float32", "threads": 2},  # agreement measures lossy tiers only; equal cores
+        "generate": {"weights": "float32"},  # greedy SD token-identical to greedy AR
+        "train_eagle": {"weights": "float32"},  # the target's features, as the head is trained on them
     }
 
 
@@ -169,6 +170,19 @@ def test_the_old_threads_key_fails_naming_the_new_one(monkeypatch):
         check_config(compose_generate("+threads=2"), [])
     monkeypatch.setattr(sys, "argv", ["viasd-generate", "model_pair=tiny-random", "threads=2"])
     with pytest.raises(ValueError, match="write runtime.threads=2"):  # before Hydra, which would not name it
+        main()
+
+
+@pytest.mark.parametrize(
+    "old, new", [("runtime.dtype", "runtime.weights"), ("runtime.draft_dtype", "runtime.draft_weights")]
+)
+def test_the_old_dtype_keys_fail_naming_weights_and_activations(monkeypatch, old, new):
+    import sys
+
+    from viasd_adapters.cli.generate import main
+
+    monkeypatch.setattr(sys, "argv", ["viasd-generate", "model_pair=tiny-random", f"{old}=int8"])
+    with pytest.raises(ValueError, match=f"^{old}= is now {new}= \\(precision is two settings now, weights and"):
         main()
 
 

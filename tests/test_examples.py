@@ -165,7 +165,7 @@ def test_benchmark_your_own_prompt_file(tmp_path):
         "1",
         "--out-dir",
         str(tmp_path / "run"),
-        "runtime.dtype=float32",
+        "runtime.weights=float32",
         "warmup=0",
         "plots=false",
         "progress=false",

@@ -21,7 +21,7 @@ ENV = {
     **os.environ,
     "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]),
 }
-TINY = ("model_pair=tiny-random", "runtime.dtype=float32", "max_new_tokens=24")
+TINY = ("model_pair=tiny-random", "runtime.weights=float32", "max_new_tokens=24")
 # Characters Hydra's override grammar and OmegaConf's interpolation would choke on.
 AWKWARD = "Explain: a=b, c=[1,2] {k: v} ${oops} \"quoted\" 'single' $HOME \\n é 漢字\nsecond line"
 
@@ -47,7 +47,7 @@ def test_the_tiny_pair_accepts_most_drafts_but_not_all(draft_dtype, temperature)
             compose_generate(
                 *TINY,
                 "max_new_tokens=48",
-                f"runtime.draft_dtype={draft_dtype}",
+                f"runtime.draft_weights={draft_dtype}",
                 f"sampling.temperature={temperature}",
                 f"prompt='{prompt}'",
             )

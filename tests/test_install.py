@@ -147,7 +147,7 @@ def test_search_then_generate_with_its_mask_from_another_directory(installed):
     out = run_installed(
         installed,
         "model_pair=tiny-random",
-        "runtime.dtype=float32",
+        "runtime.weights=float32",
         "search=quick",
         "search.config.num_random=2",
         "search.config.num_tpe=1",

@@ -67,7 +67,7 @@ def test_tiered_reductions_equal_greedy_ar_fp32(ar_output, overrides):
 @pytest.mark.skipif(DEVICE != "cpu", reason="int8 has CPU kernels only")
 def test_greedy_sd_and_lookup_on_the_int8_target_reproduce_int8_ar():
     """The int8 target is its own reference: a verify block computes what its steps compute."""
-    int8 = ("runtime.dtype=int8", "runtime.draft_dtype=int8")
+    int8 = ("runtime.weights=int8", "runtime.draft_weights=int8")
     pair = load_pair(compose_generate(*int8).model_pair)  # once: quantising the pair takes most of a minute
     ar, sd, lookup = (
         generate_on(pair, compose_generate(PROMPT, f"framework={name}", *int8)) for name in ("ar", "sd", "lookup")

@@ -60,7 +60,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     head = resolve_head(args.head or SHIPPED_HEADS / args.model)
-    loaded = load_model(ModelSpec(args.model, dtype=args.dtype))
+    loaded = load_model(ModelSpec(args.model, weights=args.dtype))
     ea = ea_model_from_target(loaded.model, head)
     adapter = EagleDecoder(ea_model=ea)  # the tiers off: what verifier=full builds
     N = args.max_new_tokens

@@ -128,8 +128,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="JSON lines of every generation")
     args = ap.parse_args()
 
-    target_loaded = load_model(ModelSpec(args.target, dtype=args.dtype))
-    draft = load_model(ModelSpec(args.draft, dtype=args.draft_dtype)).model
+    target_loaded = load_model(ModelSpec(args.target, weights=args.dtype))
+    draft = load_model(ModelSpec(args.draft, weights=args.draft_dtype)).model
     target = target_loaded.model
     specs = args.decoders.split(",")
     decoders = {spec: build(spec, draft, target, args) for spec in specs}

@@ -72,8 +72,8 @@ def main() -> None:
     args = ap.parse_args()
     cores = torch.get_num_threads()
 
-    draft_spec = ModelSpec(args.draft, dtype=args.dtype, device=args.device)
-    target_spec = ModelSpec(args.target, dtype=args.dtype, device=args.device)
+    draft_spec = ModelSpec(args.draft, weights=args.dtype, device=args.device)
+    target_spec = ModelSpec(args.target, weights=args.dtype, device=args.device)
     target_loaded = load_model(target_spec)
     target = CausalLMRunner(target_loaded.model, "target")
     draft = CausalLMRunner(load_model(draft_spec).model, "draft")

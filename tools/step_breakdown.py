@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=40)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaded = load_model(ModelSpec(args.model, dtype="int8", compile=not args.eager))
+    loaded = load_model(ModelSpec(args.model, weights="int8", compile=not args.eager))
     runner = CausalLMRunner(loaded.model, compiled=not args.eager)
     ids = torch.randint(100, 20000, (1, args.context + 1), generator=torch.Generator().manual_seed(0))
     runner.logits(ids[:, :-1], 1)

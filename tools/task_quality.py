@@ -5,7 +5,7 @@ transformers' `generate` (greedy, left padding) instead of one by one as `viasd-
 overrides are viasd-bench's (model pair, task, runtime); the records hold the fields
 `viasd_adapters.bench.quality` compares. Writes records.jsonl into `out_dir`.
 
-    python tools/task_quality.py runtime.dtype=int8 task=humaneval task.limit=20 out_dir=runs/int8-humaneval
+    python tools/task_quality.py runtime.weights=int8 task=humaneval task.limit=20 out_dir=runs/int8-humaneval
     python -m viasd_adapters.bench.quality int8=runs/int8-humaneval bfloat16=runs/bf16-humaneval --reference bfloat16
 
 A row of a batch is not computed as it would be alone (padding masks take other attention
@@ -29,6 +29,7 @@ from viasd_adapters.bench.metrics import QUALITY_METRICS, check_execution_enable
 from viasd_adapters.checks import check_config
 from viasd_adapters.configs import CONFIG_DIR
 from viasd_adapters.models import load_model
+from viasd_adapters.models.precision import runtime_precision
 from viasd_adapters.models.row_attention import ROW_INVARIANT_ATTENTION
 from viasd_adapters.pipeline import encode_text
 
@@ -62,7 +63,7 @@ def main(argv: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "records.jsonl"
     path.write_text("")  # appended batch by batch: an interrupted run keeps what it finished
-    bar = tqdm(total=len(prompts), desc=f"{task.name} {cfg.runtime.dtype}", unit="prompt")
+    bar = tqdm(total=len(prompts), desc=f"{task.name} {runtime_precision(cfg.runtime)}", unit="prompt")
     for start in range(0, len(order), batch_size):
         batch = order[start : start + batch_size]
         width = max(len(encoded[i]) for i in batch)
@@ -99,7 +100,7 @@ def main(argv: list[str]) -> None:
                     "rep": 0,
                     "method": "ar",
                     "baseline": "ar",
-                    "dtype": cfg.runtime.dtype,
+                    "dtype": runtime_precision(cfg.runtime).label,
                     "batch_seconds": seconds,
                     "prompt_tokens": len(encoded[i]),
                     "max_new_tokens": budget,

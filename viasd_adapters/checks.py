@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import compat
 from .hosts.registry import HOSTS, HostRegistry, HostSpec
-from .models.spec import QUANTIZED_PRECISIONS, check_precision
+from .models.precision import INT8, check_precision
 from .pipeline import PAIR_MODELS
 
 
@@ -63,14 +63,14 @@ def check_config(
         for role in ("target", "draft") if components else ("target",):  # search & co. load the target only
             if cfg.model_pair.get(role) is not None:
                 _build(f"model_pair.{role}", cfg.model_pair[role])
-    draft_dtype = cfg.runtime.get("draft_dtype") if "runtime" in cfg else None
-    for name, framework, _ in components if draft_dtype in QUANTIZED_PRECISIONS else ():
+    draft_weights = cfg.runtime.get("draft_weights") if "runtime" in cfg else None
+    for name, framework, _ in components if draft_weights == INT8 else ():
         if (framework.get("drafter") or {}).get("quantize") is not None:
             key = f"method.{name}.framework.drafter.quantize" if name else "framework.drafter.quantize"
             raise ValueError(
-                f"runtime.draft_dtype={draft_dtype} loads the draft with int8 linear layers already, so"
+                f"runtime.draft_weights=int8 loads the draft with int8 linear layers already, so"
                 f" {key}={framework.drafter.quantize} has nothing left to quantise: set {key}=null,"
-                " or runtime.draft_dtype=bfloat16 for the drafter's own int8 copy"
+                " or runtime.draft_weights=bfloat16 for the drafter's own int8 copy"
             )
     masks = []
     if "model_pair" in cfg and cfg.model_pair.get("target") is not None:
@@ -79,7 +79,7 @@ def check_config(
         masks = shipped_masks(cfg.model_pair.target.name, Path(CONFIG_DIR), cfg.model_pair.get("name"))
     needs = {
         "sampled": "sampling" in cfg and float(cfg.sampling.get("temperature") or 0.0) > 0,
-        "int8": "runtime" in cfg and cfg.runtime.get("dtype") in QUANTIZED_PRECISIONS,
+        "int8": "runtime" in cfg and cfg.runtime.get("weights") == INT8,
     }
     for name, framework, verifier in components:
         check_components(name, framework, verifier, identity_slim_ok, masks, hosts, **needs)
@@ -89,7 +89,12 @@ def check_config(
 
 
 # Settings that moved, by their old key: an old spelling fails naming the new one, never ignored.
-RENAMED = {"threads": "runtime.threads"}
+_PRECISION = "precision is two settings now, weights and activations (int8 weights alone: W8A8)"
+RENAMED = {
+    "threads": ("runtime.threads", "one runtime group for every command"),
+    "runtime.dtype": ("runtime.weights", _PRECISION),
+    "runtime.draft_dtype": ("runtime.draft_weights", _PRECISION),
+}
 
 
 def check_renamed(overrides: Iterable[str], cfg: DictConfig | None = None) -> None:
@@ -98,13 +103,12 @@ def check_renamed(overrides: Iterable[str], cfg: DictConfig | None = None) -> No
     for item in overrides:
         key, _, value = item.lstrip("+~").partition("=")
         if key in RENAMED:
-            raise ValueError(
-                f"{key}= is now {RENAMED[key]}= (one runtime group for every command):"
-                f" write {RENAMED[key]}={value or 'N'}"
-            )
-    for key, new in RENAMED.items():
-        if cfg is not None and key in cfg:
-            raise ValueError(f"the config sets {key}, which is now {new}: move it there ({new}={cfg[key]})")
+            new, why = RENAMED[key]
+            raise ValueError(f"{key}= is now {new}= ({why}): write {new}={value or 'VALUE'}")
+    for key, (new, why) in RENAMED.items():
+        old = OmegaConf.select(cfg, key, throw_on_missing=False) if cfg is not None else None
+        if old is not None:
+            raise ValueError(f"the config sets {key}, which is now {new} ({why}): move it there ({new}={old})")
 
 
 def check_positive_int(name: str, value, minimum: int = 1) -> None:
@@ -125,9 +129,10 @@ def check_runtime(runtime: DictConfig) -> None:
             raise ValueError(f"runtime.device={device}: this torch build sees no CUDA device; use runtime.device=cpu")
     if runtime.get("threads") is not None:
         check_positive_int("runtime.threads", runtime.threads)
-    for key in ("dtype", "draft_dtype"):
-        if runtime.get(key) is not None:
-            check_precision(runtime[key], device or "cpu", key=f"runtime.{key}")
+    for prefix in ("", "draft_"):
+        weights = runtime.get(f"{prefix}weights")
+        if weights is not None:
+            check_precision(weights, runtime.get(f"{prefix}activations"), device or "cpu", prefix=f"runtime.{prefix}")
     if runtime.get("compile", "auto") not in (True, False, "auto"):
         raise ValueError(f"runtime.compile={runtime.compile!r}: use true, false or auto")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from . import conf as _config_tree
+from .models.precision import precision_label
 from .schema import register as _register_schemas
 
 # Absolute, so console scripts find the configs whatever their working directory.
@@ -107,6 +108,9 @@ def result_option(key: str, name: str, group: str, custom_dir: bool) -> str:
 # The primary configs name it `${viasd.user_config_dir:}` in `hydra.searchpath`; registering is
 # idempotent, so importing this module (Hydra does, to find CONFIG_DIR) is all it takes.
 OmegaConf.register_new_resolver("viasd.user_config_dir", lambda: str(user_config_dir()), replace=True)
+# `${viasd.precision:WEIGHTS,ACTIVATIONS}`: the latency profile's label of a precision, for the
+# configs whose costs are looked up in it ("int8", "bfloat16+int8-weight"; models.precision).
+OmegaConf.register_new_resolver("viasd.precision", precision_label, replace=True)
 
 # The runtime, policy and framework YAMLs and verifier/tiered.yaml extend typed schemas (schema.py),
 # which must be in Hydra's store before a config is composed: importing this module is again all it takes.

@@ -22,8 +22,10 @@ class RuntimeConfig:
     """Where and how the models run: the `runtime` group every command selects."""
 
     device: str = MISSING  # a torch device string: cpu, cuda:1, mps, ...
-    dtype: str = MISSING  # the target's precision: float32, bfloat16, float16, int8 (int8 weights and activations)
-    draft_dtype: str = MISSING  # the drafter's precision, the same names
+    weights: str = MISSING  # the target's weights: float32, bfloat16, float16, int8 (models.precision)
+    activations: str | None = MISSING  # what its linear layers multiply in; null: as the weights (int8: W8A8)
+    draft_weights: str = MISSING  # the draft's, the same names
+    draft_activations: str | None = MISSING
     threads: int | None = MISSING  # torch intra-op threads; null: torch's default
     compile: Any = MISSING  # the compiled decode step: auto, true or false (OmegaConf has no bool-or-str type)
 

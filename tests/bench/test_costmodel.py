@@ -100,8 +100,8 @@ def test_the_costmodel_command_profiles_the_tiny_pair_then_predicts_records_with
 
     shape = [
         "model_pair=tiny-random",
-        "runtime.dtype=float32",
-        "runtime.draft_dtype=float32",
+        "runtime.weights=float32",
+        "runtime.draft_weights=float32",
         "masks=[tiny-random-1l]",
         "context=16",
         "tokens=[1,4]",

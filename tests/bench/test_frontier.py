@@ -208,8 +208,8 @@ def test_frontier_runs_in_chunks_resumes_and_reports_on_the_tiny_pair(tmp_path):
     out = tmp_path / "out"
     overrides = [
         "model_pair=tiny-random",
-        "runtime.dtype=float32",
-        "runtime.draft_dtype=float32",
+        "runtime.weights=float32",
+        "runtime.draft_weights=float32",
         "sweep.masks=[tiny-random-1l]",
         "sweep.random_masks=null",
         "sweep.gated=[]",
@@ -308,8 +308,8 @@ def test_gated_point_is_calibrated_on_calibration_prompts_and_run(tmp_path):
     out = tmp_path / "out"
     overrides = [
         "model_pair=tiny-random",
-        "runtime.dtype=float32",
-        "runtime.draft_dtype=float32",
+        "runtime.weights=float32",
+        "runtime.draft_weights=float32",
         "sweep.masks=[tiny-random-1l]",
         "sweep.random_masks=null",
         "sweep.random_thresholds=null",

@@ -50,7 +50,7 @@ def tiny_run(tmp_path_factory):
     prompts.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
     cfg = compose_bench(
         "model_pair=tiny-random",
-        "runtime.dtype=float32",
+        "runtime.weights=float32",
         "method=[ar,sd]",
         "task=jsonl",
         f"task.prompts_file={prompts}",
@@ -150,7 +150,7 @@ def test_baseline_must_be_among_the_methods(tmp_path):
     prompts.write_text(json.dumps(PROMPTS[0]) + "\n")
     cfg = compose_bench(
         "model_pair=tiny-random",
-        "runtime.dtype=float32",
+        "runtime.weights=float32",
         "method=[sd]",
         "task=jsonl",
         f"task.prompts_file={prompts}",
@@ -166,7 +166,7 @@ def test_a_bad_prompt_file_fails_first_and_leaves_nothing_behind(tmp_path):
     out = tmp_path / "out"
     overrides = [
         "model_pair=tiny-random",
-        "runtime.dtype=float32",
+        "runtime.weights=float32",
         "task=jsonl",
         f"out_dir={out}",
         "progress=false",
@@ -190,7 +190,7 @@ def test_the_default_task_runs_on_the_shipped_prompts(tmp_path):
     """No prompt file given: the set shipped in the package, one prompt per category."""
     cfg = compose_bench(
         "model_pair=tiny-random",
-        "runtime.dtype=float32",
+        "runtime.weights=float32",
         "method=[ar]",
         "host=null",
         "task.categories=[rag,qa]",
@@ -239,7 +239,7 @@ def cores_run(tmp_path_factory):
     prompts.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS[:2]))
     cfg = compose_bench(
         "model_pair=tiny-random",
-        "runtime.dtype=float32",
+        "runtime.weights=float32",
         "method=[ar,ar-2t,sd,sd-2t]",
         "task=jsonl",
         f"task.prompts_file={prompts}",
@@ -327,7 +327,7 @@ def test_a_sharded_run_cut_mid_prompt_resumes_where_it_stopped(tmp_path, monkeyp
 
     def cfg(shard, *extra):
         return compose_bench(
-            "model_pair=tiny-random", "runtime.dtype=float32", "method=[ar,sd]", "task=jsonl",
+            "model_pair=tiny-random", "runtime.weights=float32", "method=[ar,sd]", "task=jsonl",
             f"task.prompts_file={prompts}", "repetitions=1", "max_new_tokens=4", "plots=false", "progress=false",
             f"shard={shard}", "shards=2", f"out_dir={tmp_path / f'shard{shard}'}", *extra,
         )  # fmt: skip

@@ -43,7 +43,11 @@ def test_llama_cpp_reads_the_same_ids_as_the_converted_model(llama_pipeline):
     again = llama_pipeline.generate(ids, 24, SamplingConfig())
     _, ar = run(
         compose_generate(
-            "model_pair=smollm2-135m", "framework=ar", "runtime.dtype=float32", f"prompt={PROMPT}", "max_new_tokens=24"
+            "model_pair=smollm2-135m",
+            "framework=ar",
+            "runtime.weights=float32",
+            f"prompt={PROMPT}",
+            "max_new_tokens=24",
         )
     )
     assert ours.tokens == again.tokens  # greedy is deterministic

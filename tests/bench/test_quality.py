@@ -94,7 +94,7 @@ def test_batched_task_answers_are_scored_and_compared(tmp_path):
     tool["main"](
         [
             "model_pair=tiny-random",
-            "runtime.dtype=float32",
+            "runtime.weights=float32",
             "task.limit=1",
             "max_new_tokens=6",
             f"out_dir={tmp_path}",

@@ -8,7 +8,7 @@ from viasd_adapters.decode.schedule import DraftCosts
 
 def test_without_a_profile_the_schedule_uses_its_stated_fallback_or_fails(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("VIASD_CACHE", str(tmp_path))  # no profile cached here
-    names = dict(draft="d", target="t", dtype="bfloat16", draft_dtype="bfloat16")
+    names = dict(draft="d", target="t", precision="bfloat16", draft_precision="bfloat16")
     with pytest.raises(FileNotFoundError, match="viasd-profile"):
         adaptive_draft_length(**names)
     with caplog.at_level("WARNING"):

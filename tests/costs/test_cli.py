@@ -58,7 +58,7 @@ def _head_with_recipe(tmp_path, rank_acceptance):
     from viasd_adapters.models.spec import TinyModelConfig
     from viasd_adapters.third_party.eagle import build_head, head_config, save_head
 
-    target = load_model(ModelSpec("tiny-random", dtype="float32", tiny=TinyModelConfig())).model
+    target = load_model(ModelSpec("tiny-random", weights="float32", tiny=TinyModelConfig())).model
     config = head_config(target.config, intermediate_size=32)
     torch.manual_seed(0)
     folder = save_head(build_head(config), config, tmp_path / "head", full=False, compact=True)

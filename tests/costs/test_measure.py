@@ -148,7 +148,7 @@ def test_an_eagle_heads_tree_level_is_profiled_once_per_dtype(tmp_path):
 
     def load(name, dtype, device):
         loads.append((name, dtype))
-        return load_model(ModelSpec("tiny-random", dtype=dtype, tiny=TinyModelConfig()))
+        return load_model(ModelSpec("tiny-random", weights=dtype, tiny=TinyModelConfig()))
 
     grid = ProfileGrid(
         models=["tiny-random"], dtypes=["float32"], threads=[1], new_tokens=[1, 4], contexts=[16], repeats=1

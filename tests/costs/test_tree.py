@@ -137,7 +137,7 @@ def test_the_profiled_tree_reads_the_heads_acceptance_and_this_machines_profile(
             "bench",
             overrides=[
                 "model_pair=tiny-random",
-                "runtime.dtype=float32",
+                "runtime.weights=float32",
                 "method=[eagle-profiled]",
                 f"method.eagle-profiled.framework.decoder.head={head}",
                 f"method.eagle-profiled.framework.decoder.tree.profile_path={path}",

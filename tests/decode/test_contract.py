@@ -65,8 +65,8 @@ def decoders(tiny_pair, request):
             }.get(name, [])
             cfg = compose_generate(
                 "model_pair=tiny-random",
-                "runtime.dtype=float32",
-                "runtime.draft_dtype=float32",
+                "runtime.weights=float32",
+                "runtime.draft_weights=float32",
                 f"framework={name}",
                 "verifier=full",
                 *extra,

@@ -124,7 +124,7 @@ def test_combined_configurations_sample_the_target_distribution(framework):
     loaded = tiny(seed=0, num_layers=2, init_std=0.5)
     pair = ModelPair(replace(loaded, model=target), replace(loaded, model=draft))
     cfg = compose_generate(
-        "model_pair=tiny-random", "runtime.dtype=float32", "runtime.draft_dtype=float32", f"framework={framework}"
+        "model_pair=tiny-random", "runtime.weights=float32", "runtime.draft_weights=float32", f"framework={framework}"
     )
     decoder = build_decoder(cfg.framework, cfg.verifier, pair)
     q, p = exact_marginals(target, PROMPT, 2), exact_marginals(draft, PROMPT, 2)  # [2, V] each

@@ -611,7 +611,7 @@ def _eagle_decoder(tiny_random_eagle, *overrides, prefix="framework"):
     keys = [f"{prefix}.decoder.{k}={v}" for k, v in files.items()]
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(
-            config_name=config, overrides=["model_pair=tiny-random", "runtime.dtype=float32", *overrides, *keys]
+            config_name=config, overrides=["model_pair=tiny-random", "runtime.weights=float32", *overrides, *keys]
         )
     node = cfg if prefix == "framework" else cfg.method[prefix.split(".")[1]]
     return cfg, build_decoder(node.framework, node.verifier, pair)
@@ -686,7 +686,7 @@ def test_head_training_runs_a_few_steps_and_resumes(tmp_path):
     def cfg(steps):
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             base = compose(
-                config_name="train_eagle", overrides=["model_pair=tiny-random", "runtime.draft_dtype=float32"]
+                config_name="train_eagle", overrides=["model_pair=tiny-random", "runtime.draft_weights=float32"]
             )
         base.out_dir = str(tmp_path / "head")
         base.progress = False
@@ -721,6 +721,7 @@ def test_head_training_runs_a_few_steps_and_resumes(tmp_path):
     evaluations = recipe["evaluations"]
     assert [e["step"] for e in evaluations] == [2, 3, 4] and all(e["tokens_per_round"] >= 1 for e in evaluations)
     assert recipe["rank_acceptance"]["offered"]
+    assert recipe["machine"]["model"] and recipe["machine"]["logical_cores"] >= 1  # where the figures came from
     from safetensors.torch import load_file
 
     written, best = (
@@ -792,7 +793,7 @@ def _smollm2():
 
     folder = cache_dir("smollm2-135m-instruct")
     if not (folder / "config.json").is_file():
-        load_model(ModelSpec("smollm2-135m-instruct", dtype="float32"))  # converts and caches it
+        load_model(ModelSpec("smollm2-135m-instruct", weights="float32"))  # converts and caches it
     head = SHIPPED_HEADS / "smollm2-135m-instruct"
     assert (folder / "config.json").is_file() and (head / "config.json").is_file()
     return folder, head
@@ -844,7 +845,7 @@ def test_qwen2_coder_eagle_tree_decoding_on_the_transformers_base(tmp_path):
 
     if not (cache_dir("qwen2.5-coder-1.5b-instruct") / "config.json").is_file():
         pytest.skip("Qwen2.5-Coder-1.5B-Instruct is not converted")
-    loaded = load_model(ModelSpec("qwen2.5-coder-1.5b-instruct", dtype="bfloat16"))
+    loaded = load_model(ModelSpec("qwen2.5-coder-1.5b-instruct", weights="bfloat16"))
     head = SHIPPED_HEADS / "qwen2.5-coder-1.5b-instruct"
     if not (head / "config.json").is_file():  # untrained: acceptance suffers, correctness must not
         config = head_config(loaded.model.config, intermediate_size=256)

@@ -24,7 +24,7 @@ from viasd_adapters.verify import ConfidencePolicy, LosslessVerifier, TieredVeri
 @pytest.fixture(scope="module", params=["qwen2", pytest.param("llama", marks=pytest.mark.slow)])
 def int8_model(request):
     """A tiny int8 model of each supported family; compiled explicitly (auto leaves tiny models eager)."""
-    spec = ModelSpec("tiny-random", dtype="int8", tiny=TinyModelConfig(architecture=request.param), compile=True)
+    spec = ModelSpec("tiny-random", weights="int8", tiny=TinyModelConfig(architecture=request.param), compile=True)
     return load_model(spec)
 
 
@@ -60,7 +60,7 @@ def test_a_block_is_bitwise_its_steps_at_the_real_targets_width():
     config = TinyModelConfig(
         architecture="qwen2", num_layers=1, hidden_size=1536, num_heads=12, num_kv_heads=2, intermediate_size=1536
     )
-    step = decode_step(load_model(ModelSpec("tiny-random", dtype="int8", tiny=config, compile=True)).model)
+    step = decode_step(load_model(ModelSpec("tiny-random", weights="int8", tiny=config, compile=True)).model)
     ids = torch.randint(1, 257, (40,), generator=torch.Generator().manual_seed(0))
     steps = hidden_by_blocks(step, ids, [16] + [1] * 24)
     for sizes in ([16, 2, 5, 8, 9], [16, 12, 12]):
@@ -123,11 +123,11 @@ def test_an_unsupported_model_stays_eager_and_says_so(caplog):
 
 
 def test_auto_compiles_large_int8_models_on_cpu_only():
-    assert ModelSpec("x", dtype="int8").compiles(500_000_000)
-    assert not ModelSpec("x", dtype="int8").compiles(1_000_000)  # tiny: compiling does not pay back
-    assert not ModelSpec("x", dtype="bfloat16").compiles(500_000_000)
-    assert not ModelSpec("x", dtype="int8", compile=False).compiles(500_000_000)
-    assert ModelSpec("x", dtype="float32", compile=True).compiles(1_000)
+    assert ModelSpec("x", weights="int8").compiles(500_000_000)
+    assert not ModelSpec("x", weights="int8").compiles(1_000_000)  # tiny: compiling does not pay back
+    assert not ModelSpec("x", weights="bfloat16").compiles(500_000_000)
+    assert not ModelSpec("x", weights="int8", compile=False).compiles(500_000_000)
+    assert ModelSpec("x", weights="float32", compile=True).compiles(1_000)
     with pytest.raises(ValueError, match="compile"):
         ModelSpec("x", compile="sometimes")
 

@@ -13,8 +13,8 @@ from tests.decode.test_loops import PROMPT
 from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
 from viasd_adapters.draft import ModelDrafter, PromptLookupDrafter
 from viasd_adapters.models import ModelSpec, TinyModelConfig, load_model
-from viasd_adapters.models.quantize import Int8Linear, Int8Projection, quantize_linears
-from viasd_adapters.models.spec import check_precision
+from viasd_adapters.models.precision import Precision, check_precision
+from viasd_adapters.models.quantize import Int8Linear, Int8Projection, quantize_linears, quantized_copy
 from viasd_adapters.models.vocab import DraftVocabulary, ReducedHead
 from viasd_adapters.sampling import SamplingConfig
 from viasd_adapters.verify import LosslessVerifier
@@ -116,7 +116,7 @@ def test_a_reduced_head_of_an_int8_model_stays_int8_and_scores_as_the_full_head(
 
 @pytest.fixture(scope="module")
 def int8_pair():
-    target = load_model(ModelSpec("tiny-random", dtype="int8", tiny=TinyModelConfig()))
+    target = load_model(ModelSpec("tiny-random", weights="int8", tiny=TinyModelConfig()))
     draft = quantize_linears(perturbed(tiny().model, 0.05), "int8")
     return target, draft
 
@@ -189,18 +189,56 @@ def test_int8_sampling_follows_the_int8_target(int8_pair):
 
 
 @pytest.mark.parametrize(
-    "dtype, device, message",
+    "weights, activations, device, message",
     [
-        ("int4", "cpu", "is not one of"),
-        ("int8", "cuda", "CPUs only"),
-        ("int8", "meta", "CPUs only"),
+        ("int4", None, "cpu", "weights=int4 is not one of"),
+        ("int8", None, "cuda", "weights=int8: .* CPUs only"),
+        ("int8", "bfloat16", "meta", "weights=int8: .* CPUs only"),
+        ("bfloat16", "float32", "cpu", "weights=bfloat16 with activations=float32: a float model"),
+        ("float32", "int8", "cpu", "weights=float32 with activations=int8"),
+        ("int8", "int4", "cpu", "activations=int4 is not one of"),
     ],
 )
-def test_bad_precisions_are_refused_before_loading(dtype, device, message):
+def test_bad_precisions_are_refused_before_loading(weights, activations, device, message):
     with pytest.raises(ValueError, match=message):
-        ModelSpec("qwen2.5-coder-1.5b-instruct", dtype=dtype, device=device)
-    with pytest.raises(ValueError, match=f"runtime.dtype={dtype}"):
-        check_precision(dtype, device, key="runtime.dtype")
+        ModelSpec("qwen2.5-coder-1.5b-instruct", weights=weights, activations=activations, device=device)
+    setting = message.split(" ")[0]  # the message names the prefixed setting first
+    with pytest.raises(ValueError, match=f"^runtime\\.draft_{setting}"):
+        check_precision(weights, activations, device, prefix="runtime.draft_")
+
+
+@pytest.mark.parametrize(
+    "weights, activations, label, quantization, dtype",
+    [
+        ("bfloat16", None, "bfloat16", None, torch.bfloat16),
+        ("float32", "float32", "float32", None, torch.float32),
+        ("int8", None, "int8", "int8", torch.float32),  # W8A8, the rest in fp32
+        ("int8", "int8", "int8", "int8", torch.float32),
+        ("int8", "bfloat16", "bfloat16+int8-weight", "int8-weight", torch.bfloat16),
+    ],
+)
+def test_a_precision_is_weights_and_activations_and_the_profile_names_it(
+    weights, activations, label, quantization, dtype
+):
+    precision = Precision(weights, activations)
+    assert (precision.label, precision.quantization, precision.torch_dtype) == (label, quantization, dtype)
+    assert Precision.from_label(label).label == label
+    assert Precision.from_label(label).quantization == quantization
+
+
+def test_int8_weights_under_float_activations_load_weight_only_int8_linears():
+    """weights=int8 with bfloat16 activations: the model in bf16 with weight-only int8 linears,
+    which compute as the drafter's int8-weight copy of the bf16 model does."""
+    spec = ModelSpec("tiny-random", weights="int8", activations="bfloat16", tiny=TinyModelConfig())
+    loaded = load_model(spec)
+    kinds = {type(m).__name__ for m in loaded.model.modules()}
+    assert "Int8WeightLinear" in kinds and "Int8Linear" not in kinds
+    assert loaded.model.model.embed_tokens.weight.dtype == torch.bfloat16
+    bf16 = load_model(ModelSpec("tiny-random", weights="bfloat16", tiny=TinyModelConfig())).model
+    copy = quantized_copy(bf16, "int8-weight")
+    ids = torch.tensor([[5, 9, 13, 2]])
+    with torch.no_grad():
+        assert torch.equal(loaded.model(ids).logits, copy(ids).logits)
 
 
 def test_an_int8_draft_refuses_a_second_quantisation(int8_pair):

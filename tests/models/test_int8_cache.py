@@ -33,7 +33,7 @@ def folder(tmp_path, monkeypatch):
 
 @torch.no_grad()
 def int8_logits(folder) -> torch.Tensor:
-    model = load_model(ModelSpec(name=str(folder), dtype="int8")).model
+    model = load_model(ModelSpec(name=str(folder), weights="int8")).model
     assert any(m.channels is not None for m in model.modules() if isinstance(m, Int8Linear))  # outlier groups used
     return model(IDS).logits
 
@@ -92,5 +92,5 @@ def test_an_unwritable_cache_only_warns(folder, tmp_path, monkeypatch, caplog):
 
 def test_tiny_and_hub_models_are_not_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("VIASD_CACHE", str(tmp_path))
-    load_model(ModelSpec(name="tiny-random", dtype="int8"))
+    load_model(ModelSpec(name="tiny-random", weights="int8"))
     assert not (tmp_path / "int8").exists()

@@ -41,7 +41,7 @@ TEXT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
 
 def _tiny(seed: int, architecture: str = "llama"):
     tiny = TinyModelConfig(architecture, seed=seed)
-    return load_model(ModelSpec("tiny-random", dtype="float32", tiny=tiny))
+    return load_model(ModelSpec("tiny-random", weights="float32", tiny=tiny))
 
 
 @pytest.mark.parametrize("architecture", ["llama", "qwen2"])
@@ -60,7 +60,7 @@ def test_local_folder_loads_like_the_saved_model(tmp_path):
     saved = _tiny(3)
     saved.model.save_pretrained(tmp_path)
     saved.tokenizer.save_pretrained(tmp_path)
-    loaded = load_model(ModelSpec(str(tmp_path), dtype="float32"))
+    loaded = load_model(ModelSpec(str(tmp_path), weights="float32"))
     ids = torch.tensor([saved.tokenizer.encode("hello")])
     with torch.no_grad():
         assert torch.equal(loaded.model(ids).logits, saved.model(ids).logits)
@@ -153,7 +153,7 @@ def _metadata(name: str, tmp_path: Path):
 
 @pytest.fixture(scope="module")
 def smol():
-    return load_model(ModelSpec(SMOL, dtype="float32"))
+    return load_model(ModelSpec(SMOL, weights="float32"))
 
 
 def test_smollm2_tokenizer_matches_gguf_metadata(smol, tmp_path):
@@ -182,7 +182,7 @@ def test_smollm2_cache_is_reused():
 
 def _assert_cache_reproduces_gguf_logits(name: str, tmp_path: Path):
     gguf = _gguf_file(name, tmp_path)
-    loaded = load_model(ModelSpec(name, dtype="float32"))
+    loaded = load_model(ModelSpec(name, weights="float32"))
     ids = loaded.tokenizer(TEXT, return_tensors="pt").input_ids
     with torch.no_grad():
         cached = loaded.model(ids).logits

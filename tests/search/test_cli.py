@@ -32,7 +32,7 @@ def prompts_file(tmp_path) -> Path:
 def tiny_overrides(tmp_path, prompts_file) -> list[str]:
     return [
         "model_pair=tiny-random",
-        "runtime.dtype=float32",
+        "runtime.weights=float32",
         "progress=false",
         f"cache_dir={tmp_path}/cache",
         f"calibration.sources=[{{kind: spec_bench, path: '{prompts_file}', num_prompts: 2}}]",

@@ -30,7 +30,7 @@ def test_calibrate_end_to_end_on_the_tiny_pair(tmp_path, monkeypatch):
     overrides = [
         "model_pair=tiny-random",
         "routing=none",
-        "runtime.dtype=float32",
+        "runtime.weights=float32",
         "max_new_tokens=12",
         "grid=[[0.99,0.99],[0.0,0.0]]",
         f"out_dir={tmp_path}/run",
@@ -71,7 +71,7 @@ def test_calibrate_over_masks_picks_the_cheapest_point_that_keeps_quality(tmp_pa
     )
     overrides = [
         "model_pair=tiny-random",
-        "runtime.dtype=float32",
+        "runtime.weights=float32",
         "max_new_tokens=12",
         "masks=[tiny-random-1l,tiny-2l]",
         "grid=[[0.99,0.99],[0.0,0.0]]",

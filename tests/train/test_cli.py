@@ -14,7 +14,9 @@ pytest.importorskip("eagle.model.cnets")
 
 def _cfg(tmp_path, **top):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        base = compose(config_name="train_eagle", overrides=["model_pair=tiny-random", "++runtime.draft_dtype=float32"])
+        base = compose(
+            config_name="train_eagle", overrides=["model_pair=tiny-random", "++runtime.draft_weights=float32"]
+        )
     base.out_dir = str(tmp_path / "head")
     base.progress = False
     t = base.training

@@ -23,6 +23,7 @@ from ..bench.harness import BenchSettings, Harness, Method
 from ..bench.report import ablation, build_report
 from ..checks import check_config
 from ..hardware import cpu_info, device_label
+from ..models.precision import runtime_precision
 from ..pipeline import build_decoder, load_pair, uses_draft_model
 from . import apply_routing_file, entry_point, set_threads
 
@@ -182,8 +183,8 @@ def _context(cfg: DictConfig, run_id: str) -> dict:
     return {
         "run_id": run_id,
         "model_pair": cfg.model_pair.name,
-        "dtype": cfg.runtime.dtype,
-        "draft_dtype": cfg.runtime.get("draft_dtype"),
+        "dtype": runtime_precision(cfg.runtime).label,  # the latency profile's names (models.precision)
+        "draft_dtype": runtime_precision(cfg.runtime, draft=True).label,
         "device": cfg.runtime.device,
         "hardware": device_label(cfg.runtime.device),  # CPU model, instruction sets, cores (or the GPU)
     }
@@ -203,7 +204,7 @@ def _run_into(harness: Harness, path: Path, kept: list[dict]) -> list[dict]:
 
 def _write_tables(cfg: DictConfig, out_dir: Path, harness: Harness, records: list[dict]) -> str:
     """table.md, summary.json and the plots; returns the Markdown table."""
-    title = f"{harness.task.name} on {cfg.model_pair.name} ({cfg.runtime.dtype}, {harness.context['hardware']})"
+    title = f"{harness.task.name} on {cfg.model_pair.name} ({runtime_precision(cfg.runtime)}, {harness.context['hardware']})"
     table, summary = build_report(records, harness.settings.baseline, harness.settings.host, title)
     if cfg.get("ablation"):
         spec = cfg.ablation

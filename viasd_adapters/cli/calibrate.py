@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..checks import check_config
 from ..configs import load_routing, result_option
 from ..costs import measure_cost_ratio
+from ..models.precision import runtime_precision
 from ..pipeline import encode_prompt, load_pair, uses_draft_model
 from ..search.calibration import PromptSource, select_prompts
 from ..search.thresholds import (
@@ -103,7 +104,7 @@ def run(cfg: DictConfig) -> CalibrationOutcome:
         "routing": best.mask
         or (cfg.routing.get("provenance", {}).get("method", "?") + f" skip {list(cfg.routing.skip_layers)}"),
         "framework": cfg.framework.name,
-        "dtype": cfg.runtime.dtype,
+        "precision": runtime_precision(cfg.runtime).label,
         "prompts": len(prompts),
         "max_new_tokens": cfg.max_new_tokens,
         "grid": [list(g) for g in grid],

@@ -89,10 +89,15 @@ def run(cfg: DictConfig) -> Path:
             pair, masks, [cfg.context], list(cfg.tokens), list(cfg.prefill), cfg.repetitions, list(cfg.quantizations)
         )
         profile.save(out_dir / "profile.json")
-        draft_dtype = pair.draft.spec.dtype
+        draft_dtype = pair.draft.spec.precision.label
         fitted = {
             v: CostModel.fit(
-                profile, pair.target.spec.name, pair.draft.spec.name, pair.target.spec.dtype, v, context=cfg.context
+                profile,
+                pair.target.spec.name,
+                pair.draft.spec.name,
+                pair.target.spec.precision.label,
+                v,
+                context=cfg.context,
             )
             for v in [draft_dtype] + [f"{draft_dtype}+{q}" for q in cfg.quantizations]
         }

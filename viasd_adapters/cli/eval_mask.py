@@ -128,7 +128,7 @@ def _write(cfg: DictConfig, out: EvalOutput, heldout) -> Path:
     slug = "-".join(f"{name}-{format_layers(ids).replace(',', '_')}" for name, ids in parts if ids)
     summary = {
         "model": heldout.model_name,
-        "dtype": heldout.loaded.spec.dtype,
+        "precision": heldout.loaded.spec.precision.label,
         "mask": out.mask.to_dict() | {"provenance": None},
         "heldout": heldout.calibration.description | {"scored_positions": heldout.calibration.num_scored},
         "found": out.found.to_dict(),

@@ -42,6 +42,7 @@ from ..bench.tasks import Prompt, Task
 from ..configs import load_routing
 from ..costs import CostModel, attention_share, load_profile, measure_cost_ratio, measure_pair
 from ..hardware import cpu_info
+from ..models.precision import runtime_precision
 from ..pipeline import build_decoder, encode_prompt, load_pair
 from . import entry_point, set_threads
 
@@ -63,7 +64,7 @@ def _subtitle(cfg: DictConfig, records: list[dict]) -> str:
     cpu = cpu_info().model
     threads = records[0].get("threads") if records else cfg.runtime.threads
     return (
-        f"{cfg.model_pair.name}, {cfg.runtime.dtype}, greedy; {cpu}, {threads} torch threads for every"
+        f"{cfg.model_pair.name}, {runtime_precision(cfg.runtime)}, greedy; {cpu}, {threads} torch threads for every"
         f" method; {len({(r['task'], r['prompt_id']) for r in records})} prompts, measured"
     )
 
@@ -217,7 +218,7 @@ def calibrate_gates(cfg: DictConfig, out_dir: Path, pair, points) -> list:
     gates = json.loads(path.read_text()) if path.is_file() else {}
     target = pair.target.spec
     profile = CostModel.fit(
-        load_profile(out_dir / "profile.json"), target.name, dtype=target.dtype, context=cfg.profile.context
+        load_profile(out_dir / "profile.json"), target.name, dtype=target.precision.label, context=cfg.profile.context
     )
     share = attention_share(pair.target.model)
     prompts = [
@@ -346,8 +347,8 @@ def _run_pending(
     to its records file; returns the ids decoded per task."""
     context = {
         "model_pair": cfg.model_pair.name,
-        "dtype": cfg.runtime.dtype,
-        "draft_dtype": cfg.runtime.draft_dtype,
+        "dtype": runtime_precision(cfg.runtime).label,  # the latency profile's names (models.precision)
+        "draft_dtype": runtime_precision(cfg.runtime, draft=True).label,
         "device": cfg.runtime.device,
         "cpu": cpu_info().model,
     }

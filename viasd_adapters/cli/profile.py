@@ -30,7 +30,8 @@ from ..decode import GenerationResult
 from ..decode.schedule import AdaptiveDraftLength
 from ..draft import ModelDrafter
 from ..models import load_model
-from ..models.spec import QUANTIZED_PRECISIONS
+from ..models.precision import INT8, Precision
+from ..models.spec import LoadedModel
 from ..pipeline import encode_prompt
 from . import entry_point
 
@@ -55,14 +56,15 @@ class ProfileOutcome:
     decoded: list[Decoded]  # [greedy AR, chosen configuration] when a prompt was given
 
 
+def load_in(spec: DictConfig, precision: str, device: str) -> LoadedModel:
+    """The model of a `model_pair` role's config in the precision the profile labels `precision`."""
+    return load_model(instantiate(spec, **Precision.from_label(precision).settings(), device=device))
+
+
 def pair_loader(model_pair: DictConfig):
-    """load(name, dtype, device) -> model, for the two models of a `model_pair` config."""
+    """load(name, precision, device) -> model, for the two models of a `model_pair` config."""
     specs = {model_pair[role].name: model_pair[role] for role in ("draft", "target")}
-
-    def load(name: str, dtype: str, device: str) -> torch.nn.Module:
-        return load_model(instantiate(specs[name], dtype=dtype, device=device)).model
-
-    return load
+    return lambda name, precision, device: load_in(specs[name], precision, device).model
 
 
 def ensure_profile(cfg: DictConfig, grid: ProfileGrid, path: Path, load=None) -> tuple[LatencyProfile, list[str], bool]:
@@ -87,11 +89,11 @@ def decode_both(cfg: DictConfig, profile: LatencyProfile, choice: Choice) -> lis
     is faster, greedy AR in that one, on `cfg.prompt`, each warmed up once first."""
     device = cfg.runtime.device
     pair = cfg.model_pair
-    target = load_model(instantiate(pair.target, dtype=choice.dtype, device=device))
+    target = load_in(pair.target, choice.dtype, device)
     decoders = {f"greedy AR ({choice.dtype})": (build(target).decoder, target)}
     if choice.framework == "sd":
         draft_dtype, quantization = split_variant(choice.draft_dtype)
-        draft = load_model(instantiate(pair.draft, dtype=draft_dtype, device=device))
+        draft = load_in(pair.draft, draft_dtype, device)
         schedule = AdaptiveDraftLength(
             lambda threads: profile.draft_costs(
                 pair.draft.name, pair.target.name, choice.dtype, choice.draft_dtype, threads, cfg.context, cfg.k_max + 1
@@ -114,7 +116,7 @@ def decode_both(cfg: DictConfig, profile: LatencyProfile, choice: Choice) -> lis
         )
         decoders[f"EAGLE (target {choice.dtype}, {len(choice.tree)} drafts in the profile's tree)"] = (decoder, target)
     if choice.fastest_ar_dtype and choice.fastest_ar_dtype != choice.dtype:
-        fastest = load_model(instantiate(pair.target, dtype=choice.fastest_ar_dtype, device=device))
+        fastest = load_in(pair.target, choice.fastest_ar_dtype, device)
         label = f"greedy AR ({choice.fastest_ar_dtype}, the fastest AR by the profile)"
         decoders[label] = (build(fastest).decoder, fastest)
     ids = encode_prompt(target, cfg.prompt, cfg.chat_template)
@@ -131,7 +133,7 @@ def run(cfg: DictConfig) -> ProfileOutcome:
     device = cfg.runtime.device
     grid = instantiate(cfg.grid, _convert_="all")
     if torch.device(device).type != "cpu":  # int8 has CPU kernels only: profile the rest
-        grid.dtypes = [d for d in grid.dtypes if d not in QUANTIZED_PRECISIONS]
+        grid.dtypes = [d for d in grid.dtypes if Precision.from_label(d).weights != INT8]
     path = Path(cfg.profile_path) if cfg.profile_path else default_profile_path(device)
     profile, dtypes, measured = ensure_profile(cfg, grid, path, pair_loader(cfg.model_pair))
     eagle = eagle_candidate(cfg.model_pair.target.name, cfg.eagle_head)
@@ -140,7 +142,7 @@ def run(cfg: DictConfig) -> ProfileOutcome:
         profile = measure_draft_head(
             profile, cfg.model_pair.target.name, eagle.head, dtypes, grid, cfg.context,
             cfg.model_pair.get("draft_vocabulary"), device,
-            lambda _, dtype, device: load_model(instantiate(cfg.model_pair.target, dtype=dtype, device=device)),
+            lambda _, precision, device: load_in(cfg.model_pair.target, precision, device),
             cfg.progress,
         )  # fmt: skip
         if len(profile.entries) != before:

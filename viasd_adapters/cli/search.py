@@ -28,6 +28,7 @@ from ..checks import check_config
 from ..configs import named_mask, result_option
 from ..costs import CostModel, load_profile
 from ..models import load_model
+from ..models.precision import precision_label
 from ..routing import RoutingMask
 from ..search import (
     Baselines,
@@ -133,7 +134,8 @@ def _expected_profile(cfg: DictConfig, cost: str) -> CostModel | None:
             " this device with the target and slim views: viasd-costmodel mode=profile)"
         )
     target = cfg.model_pair.target
-    return CostModel.fit(load_profile(expected_cfg.profile), target.name, dtype=target.dtype)
+    precision = precision_label(target.weights, target.get("activations"))
+    return CostModel.fit(load_profile(expected_cfg.profile), target.name, dtype=precision)
 
 
 def _baselines_and_space(
@@ -171,7 +173,7 @@ def _provenance(
     return {
         "method": "DIMR: random search, then hyperopt TPE",
         "model": calibrated.model_name,
-        "dtype": calibrated.loaded.spec.dtype,
+        "precision": calibrated.loaded.spec.precision.label,
         "budget": {"unit": budget.unit, "amount": budget.amount},
         "budget_text": budget.describe(),
         "cost": result.config.cost,

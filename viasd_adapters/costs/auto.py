@@ -24,15 +24,15 @@ DRAFTER_QUANTIZATIONS = ("int8-weight",)  # the drafter variants `auto` weighs b
 def adaptive_draft_length(
     draft: str,
     target: str,
-    dtype: str,
-    draft_dtype: str,
+    precision: str,
+    draft_precision: str,
     context: int = 256,
     profile_path: str | None = None,
     device: str = "cpu",
     fallback_costs: dict | None = None,
     **kwargs,
 ) -> AdaptiveDraftLength:
-    """`AdaptiveDraftLength` on the costs of (draft, target) in these dtypes from this machine's
+    """`AdaptiveDraftLength` on the costs of (draft, target) in these precisions from this machine's
     cached latency profile (`viasd-profile` measures it), at the thread count each generation
     runs with; `kwargs` go to its constructor. When the cached profile is missing or lacks these
     models: `fallback_costs` (`DraftCosts` fields) with a warning, or, when none are given, an
@@ -40,7 +40,9 @@ def adaptive_draft_length(
     k_max = kwargs.get("k_max", 8)
     try:
         profile = load_profile(profile_path, device)
-        costs = lambda threads: profile.draft_costs(draft, target, dtype, draft_dtype, threads, context, k_max + 1)
+        costs = lambda threads: profile.draft_costs(
+            draft, target, precision, draft_precision, threads, context, k_max + 1
+        )
         costs(torch.get_num_threads())  # a missing entry fails here, before any decoding
     except (FileNotFoundError, KeyError) as error:
         if fallback_costs is None or profile_path is not None:
@@ -53,8 +55,8 @@ def adaptive_draft_length(
 def chosen_draft_variant(
     draft: str,
     target: str,
-    dtype: str,
-    draft_dtype: str,
+    precision: str,
+    draft_precision: str,
     device: str = "cpu",
     profile_path: str | None = None,
     acceptance: float = ASSUMED_ACCEPTANCE,
@@ -62,7 +64,7 @@ def chosen_draft_variant(
     context: int = 256,
 ) -> str:
     """The drafter the latency profile chooses for this target precision at this thread count:
-    `draft_dtype` or one of its quantised variants. Where no drafting pays (the choice is AR), the
+    `draft_precision` or one of its quantised variants. Where no drafting pays (the choice is AR), the
     cheapest draft, which `profiled_draft_length` then leaves idle (K = 0) until acceptance rises."""
     try:
         profile = load_profile(profile_path, device)
@@ -71,16 +73,24 @@ def chosen_draft_variant(
     threads = torch.get_num_threads()
     variants = [
         v
-        for v in (draft_dtype, *(f"{draft_dtype}+{q}" for q in DRAFTER_QUANTIZATIONS))
+        for v in (draft_precision, *(f"{draft_precision}+{q}" for q in DRAFTER_QUANTIZATIONS))
         if profile.has(draft, v, threads)
     ]
     if not variants:
         raise KeyError(
-            f"the latency profile has no entry for the draft {draft} in {draft_dtype} at {threads}"
+            f"the latency profile has no entry for the draft {draft} in {draft_precision} at {threads}"
             " thread(s): run viasd-profile for this pair"
         )
     choice = choose_configuration(
-        profile, draft, target, acceptance, threads, dtypes=[dtype], draft_dtypes=variants, k_max=k_max, context=context
+        profile,
+        draft,
+        target,
+        acceptance,
+        threads,
+        dtypes=[precision],
+        draft_dtypes=variants,
+        k_max=k_max,
+        context=context,
     )
     if choice.framework == "sd":
         return choice.draft_dtype
@@ -95,23 +105,23 @@ class ProfiledDrafter(ModelDrafter):
         model,
         draft: str,
         target: str,
-        dtype: str,
-        draft_dtype: str,
+        precision: str,
+        draft_precision: str,
         device: str = "cpu",
         profile_path: str | None = None,
         acceptance: float = ASSUMED_ACCEPTANCE,
         **drafter_settings,
     ):
         """`acceptance`: the pair's per-token acceptance, at which the variant is chosen."""
-        self.variant = chosen_draft_variant(draft, target, dtype, draft_dtype, device, profile_path, acceptance)
+        self.variant = chosen_draft_variant(draft, target, precision, draft_precision, device, profile_path, acceptance)
         super().__init__(model, quantize=split_variant(self.variant)[1], **drafter_settings)
 
 
 def profiled_draft_length(
     draft: str,
     target: str,
-    dtype: str,
-    draft_dtype: str,
+    precision: str,
+    draft_precision: str,
     device: str = "cpu",
     profile_path: str | None = None,
     k_min: int = 0,
@@ -120,9 +130,9 @@ def profiled_draft_length(
     """`AdaptiveDraftLength` on the chosen drafter's costs; K may be 0 (a greedy AR step) where
     no block pays at the acceptance observed."""
     acceptance = schedule_settings.get("prior_acceptance", ASSUMED_ACCEPTANCE)
-    variant = chosen_draft_variant(draft, target, dtype, draft_dtype, device, profile_path, acceptance)
+    variant = chosen_draft_variant(draft, target, precision, draft_precision, device, profile_path, acceptance)
     return adaptive_draft_length(
-        draft, target, dtype, variant, profile_path=profile_path, device=device, k_min=k_min, **schedule_settings
+        draft, target, precision, variant, profile_path=profile_path, device=device, k_min=k_min, **schedule_settings
     )
 
 
@@ -145,7 +155,7 @@ class ProfiledDecoder(Decoder):
         draft_length: AdaptiveDraftLength,
         draft: str,
         target_name: str,
-        dtype: str,
+        precision: str,
         device: str = "cpu",
         profile_path: str | None = None,
         acceptance: float = ASSUMED_ACCEPTANCE,
@@ -159,7 +169,7 @@ class ProfiledDecoder(Decoder):
         # EAGLE stands in for SD only as a lossless loop (VIA-SD's tiers on it are framework=eagle's)
         candidate = eagle_candidate(target_name, eagle_head) if type(verifier) is LosslessVerifier else None
         profile, threads = load_profile(profile_path, device), torch.get_num_threads()
-        if candidate is None or not profile.has(candidate.key, dtype, threads):
+        if candidate is None or not profile.has(candidate.key, precision, threads):
             if candidate is not None:
                 logger.info("EAGLE not considered: the profile has not timed its head (run viasd-profile)")
             return
@@ -169,7 +179,7 @@ class ProfiledDecoder(Decoder):
             target_name,
             acceptance,
             threads,
-            [dtype],
+            [precision],
             [drafter.variant],
             context=context,
             eagle=candidate,

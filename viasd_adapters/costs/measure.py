@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from ..hardware import cpu_info, device_label
 from ..models import LoadedModel, ModelSpec, load_model
+from ..models.precision import Precision
 from ..models.quantize import QUANTIZATIONS, quantized_copy
 from ..routing import RoutingMask, SlimModel
 from .choice import winnable_dtypes
@@ -115,7 +116,7 @@ def measure_profile(
     `masks`: model name -> `RoutingMask`s whose slim views of it are timed beside it (plain
     dtypes, decode-sized forwards), taking turns with the whole model: the cost model's layer
     dimension."""
-    load = load or _load_from_zoo
+    load = load or (lambda *args: _load_from_zoo(*args).model)
     masks = masks or {}
     saved = torch.get_num_threads()
     load_start = os.getloadavg()[0]
@@ -205,10 +206,10 @@ def measure_pair(
     profile = None
     for name, m in loaded.items():
         is_draft = pair.draft is not None and name == pair.draft.spec.name
-        variants = [f"{m.spec.dtype}+{q}" for q in quantizations] if is_draft else []
+        variants = [f"{m.spec.precision.label}+{q}" for q in quantizations] if is_draft else []
         grid = ProfileGrid(
             models=[name],
-            dtypes=[m.spec.dtype],
+            dtypes=[m.spec.precision.label],
             variants=variants,
             variant_models=[name] if variants else [],
             threads=[torch.get_num_threads()],
@@ -228,8 +229,9 @@ def measure_pair(
     return profile
 
 
-def _load_from_zoo(name: str, dtype: str, device: str) -> torch.nn.Module:
-    return load_model(ModelSpec(name=name, dtype=dtype, device=device)).model
+def _load_from_zoo(name: str, precision: str, device: str) -> LoadedModel:
+    """`name` from the model zoo in the precision the profile labels `precision`."""
+    return load_model(ModelSpec(name=name, **Precision.from_label(precision).settings(), device=device))
 
 
 def missing_points(profile: LatencyProfile | None, grid: ProfileGrid, device: str = "cpu") -> ProfileGrid | None:
@@ -346,7 +348,7 @@ def measure_draft_head(
     todo = [d for d in dtypes if not all(profile.has(key, d, t) for t in threads)]
     if not todo:
         return profile
-    load = load or (lambda name, dtype, device: load_model(ModelSpec(name=name, dtype=dtype, device=device)))
+    load = load or _load_from_zoo
     saved, entries = torch.get_num_threads(), []
     bar = tqdm(total=len(todo) * len(threads), desc="EAGLE head", unit="point", disable=not progress)
     try:

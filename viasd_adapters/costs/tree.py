@@ -133,13 +133,13 @@ def profiled_shape(
 def profiled_tree(
     target: str,
     head: str,
-    dtype: str,
+    precision: str,
     device: str = "cpu",
     profile_path: str | None = None,
     context: int = 256,
     max_nodes: int | None = None,
 ) -> list[list[int]]:
-    """The EAGLE tree (eagle-llm's `tree_choices`) for `head` on `target` in `dtype` at this
+    """The EAGLE tree (eagle-llm's `tree_choices`) for `head` on `target` in `precision` at this
     process's threads: `shape_tree` on the head's measured acceptance and this machine's cached
     latency profile (`viasd-profile` measures the head's tree level beside the target). Trees
     verify no more rows than the profile measured, unless `max_nodes` says otherwise."""
@@ -157,11 +157,11 @@ def profiled_tree(
         torch.get_num_threads(),
         draft_head_key(target, str(folder)),
     )
-    if not profile.has(key, dtype, threads):
+    if not profile.has(key, precision, threads):
         raise KeyError(
-            f"the latency profile has no tree level of the EAGLE head {folder.name} over {target} in {dtype} at"
+            f"the latency profile has no tree level of the EAGLE head {folder.name} over {target} in {precision} at"
             f" {threads} thread(s): run viasd-profile model_pair=... eagle_head={head} runtime.threads={threads}"
         )
-    shape = profiled_shape(profile, acceptance, target, key, dtype, threads, context, max_nodes)
+    shape = profiled_shape(profile, acceptance, target, key, precision, threads, context, max_nodes)
     logger.info("EAGLE tree from the latency profile: %s", shape.describe())
     return [list(c) for c in shape.choices]

@@ -57,7 +57,7 @@ class ModelDrafter(Drafter):
             if not any(isinstance(m, torch.nn.Linear) for m in model.modules()):
                 raise ValueError(
                     f"quantize={quantize}: the draft model has no dense linear layer left to quantise (it is"
-                    " int8 already, e.g. runtime.draft_dtype=int8); set quantize=null"
+                    " int8 already, e.g. runtime.draft_weights=int8); set quantize=null"
                 )
             variant = f"{str(model.dtype).removeprefix('torch.')}+{quantize}"  # the latency profile's name for it
             model = quantized_copy(model, quantize, keep_head=head is not None)

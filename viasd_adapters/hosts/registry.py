@@ -39,7 +39,7 @@ class HostSpec:
     streams: bool = True  # its decoder feeds a transformers streamer every commit
     trees: bool = False  # it hands draft trees to `Verifier.verify_tree` (its verifier must implement it)
     sampling: bool = True  # it decodes sampled (temperature > 0) as well as greedy
-    int8: bool = True  # it runs a target loaded in int8 (runtime.dtype=int8, W8A8)
+    int8: bool = True  # it runs a target loaded in int8 (runtime.weights=int8)
     # describe's name for one built decoder, from its parts (SD: by its drafter); None: `name`
     label: Callable[[Any], str] | None = None
 
@@ -100,7 +100,7 @@ class HostSpec:
             raise ValueError(f"{said} decodes greedily only: set the temperature to 0 (do_sample=False)")
         if int8 and not self.int8:
             raise ValueError(
-                f"{said} does not run an int8 target: load the target as bfloat16 or float32 (runtime.dtype=bfloat16)"
+                f"{said} does not run an int8 target: load the target as bfloat16 or float32 (runtime.weights=bfloat16)"
             )
         if streamed and not self.streams:
             raise ValueError(f"{said} does not stream its commits: drop the streamer (progress=false)")

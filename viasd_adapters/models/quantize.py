@@ -1,7 +1,7 @@
 """int8 linear layers: the `int8` precision of a whole model (target or draft), and cheaper
 draft copies.
 
-* "int8" (`runtime.dtype=int8`, `runtime.draft_dtype=int8`): W8A8. Weights int8 per output
+* "int8" (`runtime.weights=int8`, `runtime.draft_weights=int8`, activations null or int8): W8A8. Weights int8 per output
   channel; activations quantised at run time per row (token), so a row's output never depends on
   the other rows fed with it: a batched verify computes what one-token steps compute, and SD on
   the int8 target reproduces int8 AR (docs/results/int8.md). fbgemm's dynamic int8 GEMM multiplies: on
@@ -12,7 +12,8 @@ draft copies.
   how often its drafts are accepted; docs/results/drafting.md has the measured cost and acceptance of the
   draft-only variants below.
 
-* "int8-weight": weight-only int8, per output channel; activations stay in the model's dtype
+* "int8-weight" (a model: `weights=int8` with float `activations`): weight-only int8, per output
+  channel; activations stay in the model's dtype
   and `torch.ops.aten._weight_int8pack_mm` multiplies (the kernel gpt-fast uses on CPU). That
   kernel's time grows with the rows fed (2 threads of a Sapphire Rapids, 896 -> 4864 in bf16: 0.26
   ms for 1 row, 0.78 for 8, 11 for 150, against 0.5-1.0 ms for the bf16 matmul), so forwards of

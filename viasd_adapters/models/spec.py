@@ -7,23 +7,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-# A precision is the dtype the model computes in, or "int8": W8A8 linear layers (models.quantize)
-# with everything else in fp32. int8 has kernels on CPUs only.
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.float32}
-QUANTIZED_PRECISIONS = ("int8",)
+from .precision import INT8, Precision, check_precision
+
 # Below this size compiling (tens of seconds) does not pay back on a short run: the model stays eager.
 COMPILE_MIN_PARAMETERS = 100_000_000
-
-
-def check_precision(dtype: str, device: str = "cpu", key: str = "dtype") -> None:
-    """A clear error for a precision that is unknown or has no kernel on `device` (`key` names the setting)."""
-    if dtype not in _DTYPES:
-        raise ValueError(f"{key}={dtype} is not one of {', '.join(_DTYPES)}")
-    if dtype in QUANTIZED_PRECISIONS and torch.device(device).type != "cpu":
-        raise ValueError(
-            f"{key}={dtype}: its W8A8 kernels (fbgemm) run on CPUs only, not on {device};"
-            f" use bfloat16 on {device}, or device=cpu"
-        )
 
 
 @dataclass
@@ -51,46 +38,46 @@ class ModelSpec:
     """A model to load: an offline zoo name, a local folder, a hub id, or "tiny-random"."""
 
     name: str  # see `viasd_adapters.models.zoo.OFFLINE_MODELS` for the offline names
-    dtype: str = "bfloat16"  # float32 | bfloat16 | float16 | int8 (W8A8 linears, the rest fp32; CPU)
+    weights: str = "bfloat16"  # float32 | bfloat16 | float16 | int8 (CPU): see models.precision
+    activations: str | None = None  # what the linear layers multiply in; None: as the weights (int8: W8A8)
     device: str = "cpu"  # any torch device string
     tiny: TinyModelConfig | None = None  # only for name == "tiny-random"
-    # The compiled decode step (models.compiled): true, false (the eager forward), or "auto": int8
+    # The compiled decode step (models.compiled): true, false (the eager forward), or "auto": W8A8
     # models of at least COMPILE_MIN_PARAMETERS on a CPU, where per-operator overhead is most of a step.
     compile: bool | str = "auto"
 
     def __post_init__(self) -> None:
-        check_precision(self.dtype, self.device)
+        check_precision(self.weights, self.activations, self.device)
         if self.compile not in (True, False, "auto"):
             raise ValueError(f"compile={self.compile!r} is not one of true, false, auto")
         if self.tiny is not None and not isinstance(self.tiny, TinyModelConfig):
             self.tiny = TinyModelConfig(**self.tiny)  # Hydra passes nested configs as mappings
 
     @property
+    def precision(self) -> Precision:
+        return Precision(self.weights, self.activations)
+
+    @property
     def torch_dtype(self) -> torch.dtype:
         """The dtype the weights load in and everything but quantised layers computes in."""
-        return _DTYPES[self.dtype]
+        return self.precision.torch_dtype
 
     def compiles(self, num_parameters: int) -> bool:
         """Whether a model of this spec with `num_parameters` gets the compiled decode step."""
         if self.compile != "auto":
             return bool(self.compile)
         return (
-            self.quantization is not None
+            self.precision.quantization == INT8
             and torch.device(self.device).type == "cpu"
             and num_parameters >= COMPILE_MIN_PARAMETERS
         )
-
-    @property
-    def quantization(self) -> str | None:
-        """The `models.quantize` scheme applied after loading, if any."""
-        return self.dtype if self.dtype in QUANTIZED_PRECISIONS else None
 
 
 @dataclass
 class LoadedModel:
     """A causal LM ready for decoding, with the tokenizer that matches it."""
 
-    model: PreTrainedModel  # in eval mode, on `spec.device`, in `spec.dtype` (int8: quantised linears)
+    model: PreTrainedModel  # in eval mode, on `spec.device`, in `spec.precision` (int8 weights: quantised linears)
     tokenizer: PreTrainedTokenizerBase
     spec: ModelSpec
     stop_token_ids: tuple[int, ...] = field(default=())  # generation ends after any of these

@@ -22,6 +22,8 @@ from .offline import (
     ensure_cached,
     tokenizer_meta_from_provenance,
 )
+from .precision import INT8
+from .quantize import quantize_linears
 from .row_attention import ROW_INVARIANT_ATTENTION
 from .spec import LoadedModel, ModelSpec
 from .tiny import build_tiny_model
@@ -34,16 +36,18 @@ TINY_RANDOM = "tiny-random"
 def load_model(spec: ModelSpec) -> LoadedModel:
     """Load `spec.name`: "tiny-random", an offline zoo name, a local folder, or a hub id.
 
-    The model comes back in eval mode, in `spec.dtype`, on `spec.device`, with SDPA attention;
-    for int8, its linear layers and LM head quantised (`models.quantize.Int8Linear`); with
+    The model comes back in eval mode, in `spec.precision`, on `spec.device`, with SDPA attention;
+    for int8 weights, its linear layers and LM head quantised (`models.quantize`); with
     `spec.compiles`, a compiled decode step attached (`models.compiled`), compiled here.
     """
     loaded = _load(spec)
     num_parameters = loaded.model.num_parameters()  # before quantising: int8 weights are not parameters
-    if spec.quantization:
+    if spec.precision.quantization == INT8:
         quantize_int8(loaded.model, loaded.tokenizer, _source_folder(loaded.model))
         # Quantised layers amplify SDPA's block-vs-step rounding: rows computed as steps are.
         loaded.model.config._attn_implementation = ROW_INVARIANT_ATTENTION
+    elif spec.precision.quantization:
+        quantize_linears(loaded.model, spec.precision.quantization)
     if spec.compiles(num_parameters):
         attach_step(loaded.model)
     return loaded
@@ -101,7 +105,7 @@ def _from_pretrained(path: str, spec: ModelSpec, tokenizer_kwargs: dict | None =
     logger.info(
         "loaded %s (%s, %s, %.1fM parameters) in %.1f s",
         path,
-        spec.dtype,
+        spec.precision,
         spec.device,
         model.num_parameters() / 1e6,
         time.perf_counter() - start,

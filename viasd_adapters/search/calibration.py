@@ -149,7 +149,7 @@ def build_calibration(
     spec = loaded.spec
     settings = {
         "model": spec.name,
-        "dtype": spec.dtype,
+        "precision": spec.precision.label,
         "tiny": asdict(spec.tiny) if spec.tiny else None,
         "max_prompt_tokens": cfg.max_prompt_tokens,
         "max_new_tokens": cfg.max_new_tokens,
@@ -159,7 +159,7 @@ def build_calibration(
     key = _hash({"settings": settings_key, "prompts": prompts})
     description = {
         "model": spec.name,
-        "dtype": spec.dtype,
+        "precision": spec.precision.label,
         "split": cfg.split,
         "prompts": [pid for pid, _ in prompts],
         "max_new_tokens": cfg.max_new_tokens,

@@ -128,7 +128,8 @@ def _provenance_table(provenance: dict) -> list[str]:
     lines = ["| | |", "|---|---|"]
     for key in (
         "model",
-        "dtype",
+        "precision",
+        "dtype",  # masks searched before precision had two settings
         "budget_text",
         "cost",
         "calibration_text",

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..bench import splits
+from ..hardware import cpu_info
 from ..models import LoadedModel
 from . import shards
 
@@ -789,7 +790,7 @@ def _recipe(
     """recipe.json: what the head was trained on and how, beside the head."""
     return {
         "target": loaded.spec.name,
-        "target_dtype": loaded.spec.dtype,
+        "target_dtype": loaded.spec.precision.label,  # the profile's label (models.precision)
         "prompts": [pid for pid, _ in prompts],
         "features": str(folder),
         "sequences": summary["train"]["sequences"] + summary["heldout"]["sequences"],
@@ -802,6 +803,7 @@ def _recipe(
         "seconds": result.seconds,
         "cpu_seconds": result.cpu_seconds,
         "threads": torch.get_num_threads(),
+        "machine": cpu_info().to_dict(),  # features and training ran here: the CPU, its ISA and kernel limits
         "train_precision": cfg.train.resolved_precision(),
         "config": {
             k: asdict(v)

@@ -489,7 +489,7 @@ def run_features(
     plan = load_or_build_plan(folder / SEQUENCES, make_sequences, cfg, source)
     summary = plan_summary(plan)
     logger.info("plan: %s", summary)
-    fingerprint = {"target": loaded.spec.name, "dtype": loaded.spec.dtype}
+    fingerprint = {"target": loaded.spec.name, "dtype": loaded.spec.precision.label}  # the profile's label
     manifest = extract_features(loaded.model, plan, cfg, folder, fingerprint, progress, max_shards)
     return plan, manifest
 
