@@ -122,14 +122,15 @@ def placeholder_profile(tmp_path, monkeypatch):
     fresh machine has none, so the checks read flat placeholder costs (they check configs, not speed)."""
     import torch
 
-    from viasd_adapters.costs import LatencyEntry, LatencyProfile, default_profile_path
+    from viasd_adapters.costs import LatencyEntry, LatencyProfile, default_profile_path, draft_head_key
 
     monkeypatch.setenv("VIASD_CACHE", str(tmp_path))
     threads = torch.get_num_threads()
+    target = "qwen2.5-coder-1.5b-instruct"
     LatencyProfile(
         entries=[
             LatencyEntry(model, dtype, threads, 256, n, 100.0 + n)
-            for model in ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
+            for model in ("qwen2.5-coder-0.5b-instruct", target, draft_head_key(target, target))
             for dtype in ("float32", "bfloat16", "bfloat16+int8-weight")
             for n in (1, 16)
         ]
@@ -142,14 +143,10 @@ def test_every_shipped_method_passes(placeholder_profile):
     methods = sorted(p.stem for p in (pathlib.Path(CONFIG_DIR) / "method").glob("*.yaml"))
     if importlib.util.find_spec("llama_cpp") is None:  # an optional extra's method: refused without it (below)
         methods.remove("llama-cpp")
-    from viasd_adapters.hosts.eagle import SHIPPED_HEADS
-
-    if not (SHIPPED_HEADS / "qwen2.5-coder-1.5b-instruct").is_dir():
-        # eagle-profiled shapes its tree from the pair's head when checked: without one it is refused at once
-        methods.remove("eagle-profiled")
-        with pytest.raises(ValueError, match="eagle-profiled: framework.decoder.tree: no EAGLE head .* train one"):
-            check_config(composed("bench", ["method=[eagle-profiled]"]), [])
     check_config(composed("bench", [f"method=[{','.join(methods)}]"]), [])
+    # eagle-profiled shapes its tree from the pair's head when checked: a pair without one is refused at once
+    with pytest.raises(ValueError, match="eagle-profiled: framework.decoder.tree: no EAGLE head .* train one"):
+        check_config(composed("bench", ["model_pair=tiny-random", "method=[eagle-profiled]"]), [])
 
 
 def test_bad_settings_fail_before_any_model_loads(monkeypatch):

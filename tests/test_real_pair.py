@@ -65,15 +65,18 @@ def test_tiered_reductions_equal_greedy_ar_fp32(ar_output, overrides):
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="int8 has CPU kernels only")
-def test_greedy_sd_and_lookup_on_the_int8_target_reproduce_int8_ar():
-    """The int8 target is its own reference: a verify block computes what its steps compute."""
+def test_greedy_sd_lookup_and_eagle_on_the_int8_target_reproduce_int8_ar():
+    """The int8 target is its own reference: a verify block (a chain, or EAGLE's tree with the
+    shipped head, drafting in int8) computes what its steps compute."""
     int8 = ("runtime.weights=int8", "runtime.draft_weights=int8")
     pair = load_pair(compose_generate(*int8).model_pair)  # once: quantising the pair takes most of a minute
-    ar, sd, lookup = (
-        generate_on(pair, compose_generate(PROMPT, f"framework={name}", *int8)) for name in ("ar", "sd", "lookup")
+    ar, sd, lookup, eagle = (
+        generate_on(pair, compose_generate(PROMPT, f"framework={name}", *int8))
+        for name in ("ar", "sd", "lookup", "eagle")
     )
-    assert sd.tokens == ar.tokens and lookup.tokens == ar.tokens
+    assert sd.tokens == ar.tokens and lookup.tokens == ar.tokens and eagle.tokens == ar.tokens
     assert 0 < sd.stats.accepted < sd.stats.drafted
+    assert 0 < eagle.stats.accepted < eagle.stats.drafted
     # runtime.compile=auto compiled both models (int8, >= 100M parameters). The eager transformers
     # forward of the same int8 weights (runtime.compile=false) rounds attention and norms its own
     # way, which int8's per-row activation scales amplify: teacher-forced on the compiled AR's tokens,

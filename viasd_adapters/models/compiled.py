@@ -264,6 +264,12 @@ def _mlp_block(h: torch.Tensor, weights: dict, shape: LayerShape) -> torch.Tenso
 
 
 # ----------------------------------------------------------------------------- keys and values
+def _static(t: torch.Tensor, dims: tuple[int, ...] | None = None) -> None:
+    """Keep these sizes of `t` (all: None) out of Dynamo's automatic dynamic shapes."""
+    for dim in range(t.dim()) if dims is None else dims:
+        torch._dynamo.mark_static(t, dim)
+
+
 class StaticKV:
     """Preallocated keys and values of some decoder layers; `length` positions are valid."""
 
@@ -281,7 +287,7 @@ class StaticKV:
         """Buffers someone else owns (EAGLE's), [Hkv, S, D] per layer, `length` positions held; they never grow."""
         first = next(iter(keys.values()))
         for buffer in (*keys.values(), *values.values()):
-            torch._dynamo.mark_static(buffer, 1)  # see `reserve`
+            _static(buffer)  # see `reserve`
         kv = cls(sorted(keys), first.shape[0], first.shape[2], first.dtype, first.device)
         kv.keys, kv.values, kv.capacity, kv.length, kv.growable = keys, values, first.shape[1], length, False
         return kv
@@ -301,7 +307,7 @@ class StaticKV:
                     grown[:, : self.capacity] = store[layer]
                 # Static: one graph per capacity (a symbolic buffer length was where Inductor's
                 # fused key / value scatter corrupted memory before `kv_write`; not retried).
-                torch._dynamo.mark_static(grown, 1)
+                _static(grown)
                 store[layer] = grown
         self.capacity = capacity
 
@@ -427,6 +433,11 @@ class DecodeStep:
         cos, sin = self.body.rotary_emb(h[None], positions[None])  # [1, n, D] each
         cos, sin = cos[0].to(h.dtype), sin[0].to(h.dtype)
         if self.compiled:  # two graphs: one row, and any block (one row is specialised anyway)
+            # The model's own sizes stay static: the layer function's graphs are shared by every
+            # model in the process, and once Dynamo had seen two widths it traced one graph generic
+            # in the width, which decoded garbage on EAGLE's tree rows (the 1.5B after the 0.5B).
+            for t in (h, cos, sin):
+                _static(t, dims=(1,))
             # maybe_: a length equal to the buffer's (EAGLE's small buffers) may specialise instead
             torch._dynamo.maybe_mark_dynamic(full, 1)
             if n > 1:
