@@ -364,6 +364,21 @@ def test_a_custom_tree_is_grown_by_the_head_and_stays_lossless(accepting_pair):
     assert ea_layer.tree == mc_sim_7b_63 and "topK_genrate" not in ea_layer.__dict__  # left as it was
 
 
+def test_a_one_level_tree_drafts_from_the_head_s_first_forward_alone(accepting_pair):
+    """Siblings only (what a profile with dear head steps picks): no growth level, lossless."""
+    model = _target(accepting_pair)
+    decoder = EagleDecoder(target=model, head=accepting_pair[2], tree=[[0], [1], [2]])
+    forwards = []
+    hook = decoder.model.ea.ea_layer.register_forward_hook(lambda module, args, out: forwards.append(1))
+    try:
+        out = decoder.generate(PROMPT, 30)
+    finally:
+        hook.remove()
+    assert out.tokens == AutoregressiveDecoder(model).generate(PROMPT, 30).tokens
+    assert len(forwards) == out.stats.model_calls["eagle_head"].calls + 1  # one forward a round (+ the prefill's)
+    assert 0 < out.stats.accepted < out.stats.drafted
+
+
 # ----------------------------------------------------------------------------- reduced draft vocabulary
 def _vocabulary(model, exclude=()) -> DraftVocabulary:
     V = model.config.vocab_size

@@ -204,6 +204,15 @@ class EagleJudge(TreeJudge):
         return TreeAcceptance(path.to(tree.tokens.device), int(g.root))
 
 
+def _head_growth_buffers(tree_choices: list, device) -> dict:
+    """eagle-llm's buffers for the head's growth of a tree, one list entry per level below the
+    first; a one-level tree (what a profile with dear head steps picks) has none, which eagle-llm's
+    builder cannot express (it indexes the empty lists), and its growth loop then runs no level."""
+    if max(len(c) for c in tree_choices) == 1:
+        return {"attn_mask": [], "tree_indices": [], "position_ids": [], "repeat_nums": []}
+    return head_tree_buffers(tree_choices, device=device)
+
+
 def _tree_from_name(tree) -> list:
     if isinstance(tree, str):
         if not hasattr(eagle_choices, tree):
@@ -362,7 +371,7 @@ class TieredEagle(nn.Module):
             buffers["retrieve_indices_head"] = buffers["retrieve_indices"].to(self.ea.base_model.device)
             buffers["parents"] = _parents(buffers["retrieve_indices"], buffers["tree_indices"].numel())
             # the head grows this tree too (eagle-llm's head keeps mc_sim_7b_63's layout otherwise)
-            buffers["head"] = head_tree_buffers(tree_choices, device=self.ea.ea_layer.embed_tokens.weight.device)
+            buffers["head"] = _head_growth_buffers(tree_choices, self.ea.ea_layer.embed_tokens.weight.device)
             self._tree_key, self._tree_buffers = key, buffers
         return self._tree_buffers
 
