@@ -68,6 +68,40 @@ def test_a_block_is_bitwise_its_steps_at_the_real_targets_width():
 
 
 @torch.no_grad()
+def test_a_draft_tree_s_rows_are_bitwise_the_steps_along_their_paths():
+    """EAGLE's verify: tree rows at scattered buffer slots, each attending its own path, compute
+    what one-token steps along that path compute (at the 1.5B's widths, where sum orders show)."""
+    config = TinyModelConfig(
+        architecture="qwen2", num_layers=2, hidden_size=1536, num_heads=12, num_kv_heads=2, intermediate_size=1536
+    )
+    step = decode_step(load_model(ModelSpec("tiny-random", weights="int8", tiny=config, compile=True)).model)
+    prefix = torch.randint(1, 257, (70,), generator=torch.Generator().manual_seed(1))
+    tokens = torch.tensor([11, 12, 13, 14, 15, 16])
+    parents = [-1, -1, 0, 1, 3, 2]  # two branches: 0 -> 2 -> 5 and 1 -> 3 -> 4
+    paths = []
+    for j in range(len(tokens)):
+        path, node = [], j
+        while node != -1:
+            path.insert(0, node)
+            node = parents[node]
+        paths.append(path)
+    start, n = len(prefix), len(tokens)
+    mask = torch.zeros(n, start + n, dtype=torch.bool)
+    mask[:, :start] = True
+    for j, path in enumerate(paths):
+        mask[j, [start + i for i in path]] = True
+    cache = step.new_cache()
+    step(prefix, cache)
+    depth = torch.tensor([len(path) - 1 for path in paths])
+    tree = step(tokens, cache, mask=mask, positions=start + depth)
+    for j, path in enumerate(paths):
+        alone = step.new_cache()
+        step(prefix, alone)
+        rows = [step(tokens[i : i + 1], alone) for i in path]
+        assert torch.equal(tree[j], rows[-1][0]), path
+
+
+@torch.no_grad()
 def test_a_rolled_back_cache_recomputes_what_it_dropped(int8_model):
     step = decode_step(int8_model.model)
     ids = PROMPT[0]

@@ -97,7 +97,8 @@ class TransformersLayers:
         kv = self.step.buffers(
             {i: p[0].data[0] for i, p in pairs.items()}, {i: p[1].data[0] for i, p in pairs.items()}, past
         )
-        mask = tree_mask_4d(past, n, tree_mask, input_ids.device)[0, 0]  # [n, past + n]
+        # a causal block (the prompt) is the step's default; a tree is a mask
+        mask = None if tree_mask is None else tree_mask_4d(past, n, tree_mask, input_ids.device)[0, 0]  # [n, past + n]
         hidden = self.step(input_ids[0], kv, mask=mask, positions=position_ids.reshape(n))
         for pair in pairs.values():
             for buffer in pair:

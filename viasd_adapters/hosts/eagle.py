@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import time
 from collections.abc import Iterator
@@ -42,7 +43,7 @@ from transformers import PreTrainedModel
 
 from ..compat import built_kind, check
 from ..decode import CommittedSequence, Decoder, DecodeStats, GenerationResult, RankAcceptance
-from ..models.compiled import decode_step
+from ..models.compiled import KV_GROWTH, decode_step
 from ..models.quantize import CALIBRATION_TEXT, Int8Linear, input_outliers, quantize_module
 from ..models.vocab import DraftVocabulary, VocabularyDraftHead
 from ..routing import RoutingMask
@@ -392,7 +393,10 @@ class TieredEagle(nn.Module):
         sampler = Sampler(sampling or SamplingConfig(), device)
         config = base.config
         lag = getattr(self.verifier, "max_unverified", 0)  # the most the full model can fall behind
-        max_length = T + max_new_tokens + lag + 2 * (N + D + 1)
+        # Whole KV_GROWTH blocks, as the compiled step's own caches: each buffer length is a graph
+        # of the compiled step, and a length per prompt recompiled it on every generation.
+        needed = T + max_new_tokens + lag + 2 * (N + D + 1)
+        max_length = math.ceil(needed / KV_GROWTH) * KV_GROWTH
         self._stats = {"target": CallStats(), "eagle_head": CallStats()}
         self.verifier.reset()
         g_full = KVBuffers(config, range(int(config.num_hidden_layers)), max_length, base.dtype, device)

@@ -119,6 +119,37 @@ def _(keys, values, write, k, v):
 
 kv_write = torch.ops.viasd.kv_write
 
+# Attention itself runs eagerly, as one opaque op: Inductor's kernels summed a draft tree's rows
+# (each reading its own path, gathered) in another order than a one-token step's, and the
+# tree's tokens parted from int8 AR's; ATen's reductions run alike for every row count and order.
+_LIBRARY.define("row_attention(Tensor q, Tensor keys, Tensor values, Tensor mask, Tensor? order) -> Tensor")
+
+
+def _row_attention(q, keys, values, mask, order):
+    """q [n, Hkv, G, D] fp32; keys, values [Hkv, S, D]; mask [n, A] bool; order [n, A] long or
+    None (see `decoder_layer`) -> [n, Hkv, G, D] fp32."""
+    A, D = mask.shape[1], q.shape[-1]
+    if order is None:
+        K, V = keys[:, :A].float()[None], values[:, :A].float()[None]  # [1, Hkv, A, D]
+    else:
+        K, V = keys[:, order].float().transpose(0, 1), values[:, order].float().transpose(0, 1)  # [n, Hkv, A, D]
+    # Reductions per (row, head, position): nothing depends on how many rows came together.
+    scores = (q[:, :, :, None, :] * K[:, :, None, :, :]).sum(-1) / math.sqrt(D)  # [n, Hkv, G, A]
+    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return (probs[..., None] * V[:, :, None, :, :]).sum(-2)
+
+
+_LIBRARY.impl("row_attention", _row_attention, "CPU")
+
+
+@torch.library.register_fake("viasd::row_attention", lib=_LIBRARY)
+def _(q, keys, values, mask, order):
+    return torch.empty_like(q)
+
+
+row_attention = torch.ops.viasd.row_attention
+
 
 # ----------------------------------------------------------------------------- weights as graph inputs
 # A projection is a tuple the graph branches on at trace time (the same structure in every layer):
@@ -209,6 +240,7 @@ def decoder_layer(
     shape: LayerShape,
     attention: bool = True,
     mlp: bool = True,
+    order: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One pre-norm decoder layer over n new rows; writes their keys and values in place.
 
@@ -219,18 +251,23 @@ def decoder_layer(
         cos, sin: [n, D] rotary tables of the rows' positions.
         keys, values: [Hkv, S, D] this layer's buffers.
         write: [n] long, the buffer positions the rows' keys and values go to.
-        mask: [n, A] bool, True where row j attends to position s (A <= S, a multiple of ATTENTION_ALIGN).
+        mask: [n, A] bool, True where row j attends to position s (A <= S, a multiple of ATTENTION_ALIGN);
+            with `order`, to the s-th of its gathered positions.
+        order: [n, A] long or None: the buffer positions row j reads, gathered (a draft tree's rows
+            each read their own path); None: positions 0..A-1, shared by every row.
     Returns:
         [n, H] hidden states leaving the layer.
     """
     if attention:
-        h = _attention_block(h, cos, sin, keys, values, write, mask, weights, shape)
+        h = _attention_block(h, cos, sin, keys, values, write, mask, weights, shape, order)
     if mlp:
         h = _mlp_block(h, weights, shape)
     return h
 
 
-def _attention_block(h, cos, sin, keys, values, write, mask, weights: dict, shape: LayerShape) -> torch.Tensor:
+def _attention_block(
+    h, cos, sin, keys, values, write, mask, weights: dict, shape: LayerShape, order=None
+) -> torch.Tensor:
     n = h.shape[0]
     Hq, Hkv, D = shape.q_heads, shape.kv_heads, shape.head_dim
     x = _rms_norm(h, weights["ln1"], shape.eps)
@@ -242,14 +279,7 @@ def _attention_block(h, cos, sin, keys, values, write, mask, weights: dict, shap
     q = _rotate(q.view(n, Hq, D), cos, sin)  # [n, Hq, D]
     k = _rotate(k.view(n, Hkv, D), cos, sin)  # [n, Hkv, D]
     kv_write(keys, values, write, k.transpose(0, 1).to(keys.dtype), v.view(n, Hkv, D).transpose(0, 1).to(values.dtype))
-    A = mask.shape[1]
-    K, V = keys[:, :A], values[:, :A]  # [Hkv, A, D]
-    q = q.view(n, Hkv, Hq // Hkv, D).float()
-    # Reductions per (row, head, position): nothing depends on how many rows came together.
-    scores = (q[:, :, :, None, :] * K.float()[None, :, None, :, :]).sum(-1) / math.sqrt(D)  # [n, Hkv, G, A]
-    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = (probs[..., None] * V.float()[None, :, None, :, :]).sum(-2)  # [n, Hkv, G, D]
+    out = row_attention(q.view(n, Hkv, Hq // Hkv, D).float(), keys, values, mask, order)  # [n, Hkv, G, D]
     return h + project(out.reshape(n, Hq * D).to(h.dtype), weights["o"])
 
 
@@ -425,10 +455,16 @@ class DecodeStep:
         write = torch.arange(start, start + n, device=cache.device)
         attended = math.ceil((start + n) / ATTENTION_ALIGN) * ATTENTION_ALIGN
         full = torch.zeros(n, min(attended, cache.capacity), dtype=torch.bool, device=cache.device)
+        order = None
         if mask is None:
             full[:, : start + n] = torch.arange(start + n, device=cache.device)[None, :] <= write[:, None]
         else:
             full[:, : start + n] = mask[:, : start + n]
+            # Each row reads its keys in sequence order from slot 0 on (the prefix, its ancestors,
+            # itself), where the one-token step of its token finds them: over a tree's scattered
+            # slots the attention sums ran in another order and rounded differently.
+            order = torch.argsort((~full).to(torch.uint8), dim=1, stable=True)  # [n, A]: attended slots first
+            full = torch.arange(full.shape[1], device=cache.device)[None, :] < full.sum(1, keepdim=True)
         h = self.body.embed_tokens(ids)  # [n, H]
         cos, sin = self.body.rotary_emb(h[None], positions[None])  # [1, n, D] each
         cos, sin = cos[0].to(h.dtype), sin[0].to(h.dtype)
@@ -440,8 +476,10 @@ class DecodeStep:
                 _static(t, dims=(1,))
             # maybe_: a length equal to the buffer's (EAGLE's small buffers) may specialise instead
             torch._dynamo.maybe_mark_dynamic(full, 1)
+            if order is not None:
+                torch._dynamo.maybe_mark_dynamic(order, 1)
             if n > 1:
-                for t in (h, cos, sin, write, full):
+                for t in (h, cos, sin, write, full) + (() if order is None else (order,)):
                     torch._dynamo.maybe_mark_dynamic(t, 0)
         for i, attention, mlp in self.plan:
             h = self._layer(
@@ -456,6 +494,7 @@ class DecodeStep:
                 self.shape,
                 attention,
                 mlp,
+                order,
             )
         cache.length = start + n
         return h
