@@ -165,6 +165,20 @@ def test_bad_settings_fail_before_any_model_loads(monkeypatch):
         run(composed("generate", ["framework=pearl", "framework.decoder.start_method=fork-server"]))
 
 
+def test_a_benchmark_without_its_baseline_fails_before_any_model_loads(monkeypatch, tmp_path):
+    import viasd_adapters.models as models
+    from viasd_adapters.cli.bench import run
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the methods were checked")
+
+    monkeypatch.setattr(models, "load_model", load_model)
+    monkeypatch.setattr("viasd_adapters.pipeline.load_model", load_model)
+    with pytest.raises(ValueError, match=r"baseline method 'ar' is not among the methods \['sd'\]: add it"):
+        run(composed("bench", ["method=[sd]", f"out_dir={tmp_path / 'run'}"]))
+    assert not (tmp_path / "run").exists()
+
+
 def _options(group: str) -> list[str]:
     import pathlib
 

@@ -196,7 +196,9 @@ def test_a_calibrated_policy_file_is_a_policy_option_and_a_policy_path(tmp_path,
     monkeypatch.setenv("VIASD_CONFIG_DIR", str(tmp_path))
     best = ThresholdResult(0.7, 0.6, agreement=0.99, exact_rate=0.9, full_calls_per_token=0.2,
                            slim_calls_per_token=0.3, tokens_per_second=5.0)  # fmt: skip
-    path = write_policy(tmp_path / "policy" / "mine.yaml", best, True, 0.98, {"model_pair": "tiny-random"})
+    path = write_policy(
+        tmp_path / "policy" / "mine.yaml", best, True, "agreement >= 0.98", {"model_pair": "tiny-random"}
+    )
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="generate", overrides=[f"hydra.searchpath=[file://{tmp_path}]", "policy=mine"])
     assert instantiate(cfg.policy) == ConfidencePolicy(tau_accept=0.7, tau_draft=0.0, tau_slim=0.6)

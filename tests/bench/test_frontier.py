@@ -53,6 +53,31 @@ def test_shipped_config_composes_and_every_point_builds_its_config():
     assert {t["name"] for t in cfg.tasks.values()} == {"math", "text", "humaneval"}
 
 
+def test_via_sd_and_faster_cascades_run_on_the_host_the_references_name():
+    """The int8 frontier's host is sd-confident: the slim tier must be measured on it, not on
+    the framework the VIA-SD method file happens to carry (sd-adaptive-int8)."""
+    cfg = compose_frontier(
+        "method=[ar,sd-confident,tiered-fast,faster-cascade-fast]",
+        "sweep.references=[ar,sd-confident]",
+        "sweep.masks=[qwen2.5-coder-1.5b-4l]",
+        "sweep.thresholds=[[0.9,0.9]]",
+        "sweep.random_masks=null",
+        "sweep.random_thresholds=null",
+        "sweep.alphas=[0.5]",
+        "sweep.cascade=null",
+        "sweep.intermediate=null",
+        "sweep.gated=[]",
+    )
+    sweep = instantiate(cfg.sweep, _convert_="all")
+    points = {p.name: p for p in build_points(sweep, cfg.method, load_routing(sweep.masks))}
+    host = points["sd-confident"].framework
+    assert host.name == "sd-confident" and cfg.method["tiered-fast"].framework.name != "sd-confident"
+    for name in ("via-sd[4l]@0.9/0.9", "faster-cascade@0.5"):
+        assert points[name].framework == host
+    assert points["via-sd[4l]@0.9/0.9"].verifier.share_prefix  # the verifier is still tiered-fast's
+    assert points["faster-cascade@0.5"].verifier.alpha == 0.5
+
+
 def test_points_carry_their_mask_thresholds_and_alpha():
     cfg = compose_frontier(
         "model_pair=tiny-random",
@@ -262,6 +287,69 @@ def test_frontier_runs_in_chunks_resumes_and_reports_on_the_tiny_pair(tmp_path):
     ar = next(p for p in summary["points"] if p["name"] == "ar")
     assert ar["agreement"] == 1.0 and ar["full_per_token"] == pytest.approx(1.0) and ar["records"] == 3
     assert run(report) == markdown  # rebuilt from the records alone, the same report
+
+
+def test_a_powered_job_runs_its_points_on_its_shard_and_resumes_when_cut(tmp_path):
+    """A (points, shard) job of a powered quality run: only its points, only its shard's prompts;
+    cut mid-shard, the rerun finishes it with the records an uncut job writes."""
+    from viasd_adapters.bench.quality import load_records
+    from viasd_adapters.cli.frontier import run
+
+    rows = [
+        {"question_id": i, "category": "math_reasoning", "turns": [f"What is {i} + 3?"], "reference": [f"#### {i + 3}"]}
+        for i in range(5)
+    ]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    overrides = [
+        "model_pair=tiny-random",
+        "runtime.weights=float32",
+        "runtime.draft_weights=float32",
+        "method=[ar,sd-confident,tiered-fast]",
+        "sweep.references=[ar,sd-confident]",
+        "sweep.masks=[tiny-random-1l]",
+        "sweep.thresholds=[[0.5,0.3]]",
+        "sweep.random_masks=null",
+        "sweep.random_thresholds=null",
+        "sweep.gated=[]",
+        "sweep.alphas=[]",
+        "sweep.cascade=null",
+        "sweep.intermediate=null",
+        f"tasks.math.prompts_file={prompts}",
+        "tasks.math.limit=null",
+        "tasks.math.max_new_tokens=5",
+        "~tasks.text",
+        "~tasks.code",
+        "only=[math]",
+        "points=[sd-confident,'via-sd[1l]@0.5/0.3']",
+        "shard=1",
+        "shards=2",
+        "measure_costs=false",
+        "progress=false",
+        "warmup_tokens=2",
+    ]
+
+    def compose_job(out, *more):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            return compose(config_name="frontier", overrides=[*overrides, f"out_dir={out}", *more])
+
+    cut, whole = tmp_path / "cut", tmp_path / "whole"
+    run(compose_job(cut, "chunk_prompts=1"))  # the job is cut after its first prompt
+    lines = (cut / "records-math.jsonl").read_text().splitlines()
+    assert sorted({json.loads(x)["method"] for x in lines}) == ["sd-confident", "via-sd[1l]@0.5/0.3"]
+    assert {json.loads(x)["prompt_id"] for x in lines} == {"1"}
+    (cut / "records-math.jsonl").write_text(lines[0] + "\n" + lines[1][:20])  # and cut again, mid-record
+    run(compose_job(cut))
+    run(compose_job(whole))
+    decoded = lambda out: {
+        (r["method"], r["prompt_id"]): r["output_tokens"]
+        for r in map(json.loads, (out / "records-math.jsonl").read_text().splitlines())
+    }
+    assert decoded(cut) == decoded(whole)
+    assert sorted({pid for _, pid in decoded(cut)}) == ["1", "3"]  # shard 1 of 2: prompts 1 and 3
+    assert set(load_records(cut, "via-sd[1l]@0.5/0.3")) == {("math_reasoning", "1"), ("math_reasoning", "3")}
+    with pytest.raises(ValueError, match=r"points=\['nope'\]: not points of this sweep"):
+        run(compose_job(tmp_path / "bad", "points=[nope]"))
 
 
 def test_gated_twins_carry_a_calibrated_gate():

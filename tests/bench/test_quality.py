@@ -119,3 +119,27 @@ def test_the_drop_bound_at_80_problems_with_a_tenth_discordant_is_about_six_poin
     assert -0.07 < low < -0.045 and 0.045 < high < 0.07
     assert paired_bootstrap(run, reference, confidence=0.90) == (low, high)  # seeded: reproducible
     assert paired_bootstrap([0.5, 0.7], [0.5, 0.7]) == (0.0, 0.0)  # no spread: the difference itself
+
+
+def test_noninferiority_power_and_verdicts_on_known_inputs(tmp_path):
+    from viasd_adapters.bench.quality import noninferiority_power
+
+    # The bound at 80 problems, a tenth discordant, is 5.8 points: a 5.8-point margin has even odds
+    assert noninferiority_power(80, 0.1**0.5, 1.645 * (0.1 / 80) ** 0.5) == pytest.approx(0.5, abs=1e-3)
+    assert noninferiority_power(164, 0.1**0.5, 0.05) == pytest.approx(0.649, abs=1e-3)
+    assert noninferiority_power(80, 0.1**0.5, 0.05, true_drop=0.05) == pytest.approx(0.05)  # the test's size
+    assert noninferiority_power(10, 0.0, 0.05) == 1.0 and noninferiority_power(10, 0.0, 0.05, true_drop=0.1) == 0.0
+    with pytest.raises(ValueError, match="n >= 1"):
+        noninferiority_power(0, 0.3, 0.05)
+    # 20 math prompts, the run loses 5 and wins 1: a 45-point margin keeps it, 5 points is not
+    ref = [1] * 15 + [0] * 5
+    new = [1] * 10 + [0] * 5 + [1] + [0] * 4
+    a = _run(tmp_path, "a", [("math", "math_accuracy", q, [1], 1, 8) for q in new])
+    b = _run(tmp_path, "b", [("math", "math_accuracy", q, [1], 1, 8) for q in ref])
+    runs = {"a": load_records(a), "b": load_records(b)}
+    (strict,) = paired_quality(runs, "b")  # the default margin: 5 points
+    (loose,) = paired_quality(runs, "b", {"math_accuracy": 0.45})
+    assert strict.margin == 0.05 and strict.non_inferior is False
+    assert 0.3 < loose.drop_bound < 0.45 and loose.non_inferior is True
+    (unjudged,) = paired_quality(runs, "b", {})
+    assert unjudged.non_inferior is None

@@ -112,3 +112,67 @@ def test_calibrate_stops_before_loading_on_a_missing_prompt_file_or_a_shipped_na
             cfg = compose(config_name="calibrate", overrides=["model_pair=qwen2.5-coder-0.5b-1.5b", override])
         with pytest.raises(ValueError, match=message):
             run(cfg)  # the Qwen pair would take minutes to load: these fail at once
+
+
+def test_calibrate_by_task_metric_on_the_tiny_pair(tmp_path, monkeypatch):
+    """quality=task: the package's scored prompts, each metric's drop against the tiers-off
+    output bounded; with a perfect slim verifier every setting keeps quality, the loosest wins."""
+    monkeypatch.setenv("VIASD_CONFIG_DIR", str(tmp_path / "user"))
+    overrides = [
+        "model_pair=tiny-random",
+        "routing=none",
+        "runtime.weights=float32",
+        "quality=task",
+        "task.categories=[math_reasoning,translation]",  # the package's summaries overflow the tiny model's context
+        "task.limit=2",
+        "task.max_new_tokens=8",
+        "grid=[[0.99,0.99],[0.0,0.0]]",
+        f"out_dir={tmp_path}/run",
+        "output_name=tiny-task",
+        "progress=false",
+    ]
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="calibrate", overrides=[*overrides, "+task@evaluation=humaneval"])
+    out = run(cfg)
+    assert set(out.best.drop_bounds) == {"math_reasoning/math_accuracy", "translation/bleu"}
+    assert all(bound == 0.0 for r in out.results for bound in r.drop_bounds.values())  # u = q: identical outputs
+    assert out.best.tau_accept == 0.0
+    assert "every task metric''s paired drop" in out.path.read_text()  # YAML's quoting, in the header
+    # The package's math prompts as the evaluation split: refused before the pair loads, naming the fix
+    evaluation = ["+task@evaluation=spec_bench", "evaluation.categories=[math_reasoning]", "evaluation.limit=null"]
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(
+            config_name="calibrate", overrides=["model_pair=qwen2.5-coder-0.5b-1.5b", *overrides, *evaluation]
+        )
+    with pytest.raises(ValueError, match="prompt.s. of task are also in evaluation .* must be disjoint"):
+        run(cfg)
+
+
+def test_task_quality_keeps_a_setting_only_within_every_margin():
+    from viasd_adapters.bench.tasks import Prompt
+    from viasd_adapters.search.thresholds import TaskQuality
+
+    prompts = [Prompt(str(i), "math", "q", reference="#### 1") for i in range(20)]
+    quality = TaskQuality(prompts, {"math": "math_accuracy"}, {"math_accuracy": 0.05}, lambda tokens: str(tokens[0]))
+    right, wrong = [1], [2]
+    reference = [right] * 20
+    assert quality.drop_bounds([right] * 20, reference) == {"math/math_accuracy": 0.0}
+    lossy = [wrong] * 4 + [right] * 16  # 4 of 20 answers lost: a 20-point drop
+    bounds = quality.drop_bounds(lossy, reference)
+    assert bounds["math/math_accuracy"] > 0.2 and quality.excess(bounds) > 0
+    cheap = ThresholdResult(0.5, 0.5, 0.9, 0.0, 0.1, 0.0, 1.0, drop_bounds=bounds)
+    safe = ThresholdResult(0.9, 0.9, 1.0, 1.0, 0.3, 0.0, 1.0, drop_bounds={"math/math_accuracy": 0.0})
+    assert choose([cheap, safe], 0.98, quality) == (safe, True)
+    assert choose([cheap], 0.98, quality) == (cheap, False)  # none kept: the most faithful, flagged
+    with pytest.raises(ValueError, match=r"no margin for \['math_accuracy'\]"):
+        TaskQuality(prompts, {"math": "math_accuracy"}, {}, str)
+    with pytest.raises(ValueError, match="no calibration prompt has a task metric"):
+        TaskQuality(prompts, {}, {}, str)
+
+
+def test_split_disjointness_is_checked_by_text():
+    from viasd_adapters.bench.splits import check_disjoint
+
+    check_disjoint(["a b", "c"], ["d"], str, "calibration", "evaluation")
+    with pytest.raises(ValueError, match="1 prompt.s. of calibration are also in evaluation .'A  b'"):
+        check_disjoint(["A  b", "c"], ["a b\n"], str, "calibration", "evaluation")

@@ -37,6 +37,8 @@ class SweepConfig:
     references: list[str] = field(
         default_factory=lambda: ["ar", "sd-adaptive-int8"]
     )  # run as they are; the first is the baseline, the second the host
+    # VIA-SD and Faster Cascades take their verifier from these methods and their framework (the
+    # drafter and decode loop) from the host, so each is measured on the host it claims to beat.
     via_sd: str = "tiered-fast"  # the VIA-SD method every mask and threshold pair is applied to
     masks: list[str] = field(default_factory=list)  # routing configs (conf/routing/<name>.yaml)
     thresholds: list[list[float]] = field(default_factory=list)  # (tau_accept, tau_slim) pairs
@@ -91,6 +93,14 @@ def _method(methods: DictConfig, name: str) -> DictConfig:
             f"(composed: {sorted(methods)})"
         )
     return _plain(methods[name])
+
+
+def _on_host(sweep: SweepConfig, methods: DictConfig, name: str) -> DictConfig:
+    """Method `name`'s verifier on the host's framework (the second reference; its own without one)."""
+    method = _method(methods, name)
+    if len(sweep.references) > 1:
+        method.framework = _method(methods, sweep.references[1]).framework
+    return method
 
 
 def mask_labels(names: list[str]) -> dict[str, str]:
@@ -158,7 +168,7 @@ def _mask_points(
 ) -> list[Point]:
     """VIA-SD on one routing mask at every threshold pair, then random skipping at its budget."""
     layers = layers_run(node, attention_share)
-    base = _method(methods, sweep.via_sd)
+    base = _on_host(sweep, methods, sweep.via_sd)
     points = []
     for tau_accept, tau_slim in sweep.thresholds:
         # Replace (not merge) the mask and policy: the base's may carry fields these lack.
@@ -203,7 +213,7 @@ def _cascade_points(sweep: SweepConfig, methods: DictConfig) -> list[Point]:
             FASTER_CASCADES,
             "faster-cascade",
             f"alpha {alpha:g}",
-            _method(methods, sweep.faster_cascade),
+            _on_host(sweep, methods, sweep.faster_cascade),
             {"alpha": float(alpha)},
         )
         for alpha in sweep.alphas

@@ -22,9 +22,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -95,6 +97,21 @@ class BenchSettings:
         self.roles = dict(self.roles)
         if "full" not in self.roles:
             raise ValueError("roles must name the full model's model_calls key, e.g. roles.full=target")
+
+
+def read_appended(path: Path) -> list[dict]:
+    """The records of a JSONL file a run appends to, one per line. Only the last line can have been
+    cut mid-write by a killed run: it is dropped (its prompt group runs again); any other bad
+    line is an error."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if number < len(lines):
+                raise ValueError(f"{path}:{number} is not a JSON record: pick a fresh out_dir") from err
+    return records
 
 
 def rotated(methods: list[Method], shift: int) -> list[Method]:

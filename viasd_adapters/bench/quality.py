@@ -26,6 +26,10 @@ from scipy import stats
 from .metrics import token_agreement
 
 BINARY_METRICS = ("math_accuracy", "pass@1", "answer_match")  # each prompt scores 0 or 1
+# The non-inferiority margins, fixed before any powered run (docs/results/frontier.md): the
+# largest acceptable drop, in the metric's own units (0/1 metrics and ROUGE-L as fractions, BLEU
+# in points), judged against the one-sided 95% bound of the paired drop.
+DEFAULT_MARGINS = {"math_accuracy": 0.05, "pass@1": 0.05, "answer_match": 0.05, "rouge_l": 0.02, "bleu": 2.0}
 
 
 @dataclass
@@ -55,20 +59,35 @@ class PairedQuality:
     low: float  # 95% interval of the paired difference (paired bootstrap)
     high: float
     drop_bound: float  # one-sided 95% upper bound of reference mean - run mean (paired bootstrap)
+    margin: float | None  # the largest acceptable drop (None: no margin for this metric)
     only_run: int | None  # prompts only this run got right (0/1 metrics)
     only_reference: int | None
     p_value: float  # McNemar's exact test (0/1 metrics), the paired t test (others)
     token_match: float  # mean over prompts (`metrics.token_agreement`)
     identical: int  # prompts with identical outputs
 
+    @property
+    def non_inferior(self) -> bool | None:
+        """Whether the drop's one-sided 95% bound is within the margin (None without one)."""
+        return None if self.margin is None else self.drop_bound <= self.margin
+
 
 def load_records(run_dir: str | Path, method: str | None = None) -> dict[tuple[str, str], dict]:
     """The scored records of a run by (category, prompt id): repetition 0 of `method` (None: the
-    run's baseline)."""
-    path = Path(run_dir) / "records.jsonl"
-    if not path.is_file():
-        raise ValueError(f"{path} does not exist: give a viasd-bench run directory")
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    run's baseline). A run is a viasd-bench run directory (records.jsonl) or a viasd-frontier one
+    (records-<task>.jsonl)."""
+    run_dir = Path(run_dir)
+    paths = (
+        [run_dir / "records.jsonl"]
+        if (run_dir / "records.jsonl").is_file()
+        else sorted(run_dir.glob("records-*.jsonl"))
+    )
+    if not paths:
+        raise ValueError(
+            f"{run_dir / 'records.jsonl'} does not exist: give a viasd-bench or viasd-frontier run directory"
+        )
+    records = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
+    path = run_dir
     chosen = {}
     for r in records:
         if r["rep"] == 0 and r["method"] == (method or r["baseline"]) and r.get("quality") is not None:
@@ -109,6 +128,26 @@ def paired_bootstrap(
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
+def drop_bound(run: list[float], reference: list[float]) -> float:
+    """The one-sided 95% upper bound of mean(reference - run), by the paired bootstrap: what a
+    non-inferiority margin is judged against."""
+    return -paired_bootstrap(run, reference, confidence=0.90)[0]
+
+
+def noninferiority_power(n: int, spread: float, margin: float, true_drop: float = 0.0) -> float:
+    """The chance that `n` paired prompts show non-inferiority at `margin` (one-sided 95% bound
+    of the drop below it) when the drop is `true_drop`: the normal approximation, with `spread`
+    the standard deviation of one prompt's paired difference. For a 0/1 metric with a share d of
+    discordant prompts and no drop, spread = sqrt(d): at d = 0.10 and n = 80 the bound sits at
+    1.645 * sqrt(0.10 / 80) = 5.8 points."""
+    if n < 1 or spread < 0:
+        raise ValueError(f"need n >= 1 prompts and spread >= 0, got n={n}, spread={spread}")
+    if spread == 0:
+        return float(true_drop < margin)
+    z = stats.norm.ppf(0.95)
+    return float(stats.norm.cdf((margin - true_drop) / (spread / math.sqrt(n)) - z))
+
+
 def run_quality(runs: dict[str, dict[tuple[str, str], dict]]) -> list[RunQuality]:
     rows = []
     for name, records in runs.items():
@@ -122,7 +161,12 @@ def run_quality(runs: dict[str, dict[tuple[str, str], dict]]) -> list[RunQuality
     return rows
 
 
-def paired_quality(runs: dict[str, dict[tuple[str, str], dict]], reference: str) -> list[PairedQuality]:
+def paired_quality(
+    runs: dict[str, dict[tuple[str, str], dict]], reference: str, margins: dict[str, float] | None = None
+) -> list[PairedQuality]:
+    """Every run against `reference` per category; `margins` (metric -> largest acceptable drop,
+    default `DEFAULT_MARGINS`) sets each row's non-inferiority verdict."""
+    margins = DEFAULT_MARGINS if margins is None else margins
     if reference not in runs:
         raise ValueError(f"the reference run {reference!r} is not among the runs {sorted(runs)}")
     base = runs[reference]
@@ -140,7 +184,6 @@ def paired_quality(runs: dict[str, dict[tuple[str, str], dict]], reference: str)
             agreement = [token_agreement(records[k]["output_tokens"], base[k]["output_tokens"]) for k in keys]
             difference = (sum(a) - sum(b)) / len(keys)
             low, high = paired_bootstrap(a, b)
-            drop_bound = -paired_bootstrap(a, b, confidence=0.90)[0]
             only_a = only_b = None
             if metric in BINARY_METRICS:
                 only_a = sum(x > y for x, y in zip(a, b))
@@ -159,7 +202,8 @@ def paired_quality(runs: dict[str, dict[tuple[str, str], dict]], reference: str)
                     difference,
                     low,
                     high,
-                    drop_bound,
+                    drop_bound(a, b),
+                    margins.get(metric),
                     only_a,
                     only_b,
                     float(p),
@@ -182,14 +226,17 @@ def markdown(quality: list[RunQuality], paired: list[PairedQuality]) -> str:
         )
     lines += [
         "",
-        "| category | run - reference | n | difference | 95% interval (paired bootstrap) | drop, one-sided 95% bound | only run / only reference right | p | token match | identical |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| category | run - reference | n | difference | 95% interval (paired bootstrap) | drop, one-sided 95% bound"
+        " | margin | non-inferior | only run / only reference right | p | token match | identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in paired:
         counts = "-" if p.only_run is None else f"{p.only_run} / {p.only_reference}"
+        verdict = {None: "-", True: "yes", False: "no"}[p.non_inferior]
         lines.append(
             f"| {p.category} | {p.run} - {p.reference} | {p.n} | {_fmt(p.difference)} | {_fmt(p.low)} to {_fmt(p.high)}"
-            f" | {_fmt(p.drop_bound)} | {counts} | {_fmt(p.p_value, 2)} | {_fmt(p.token_match)} | {p.identical} |"
+            f" | {_fmt(p.drop_bound)} | {_fmt(p.margin)} | {verdict} | {counts} | {_fmt(p.p_value, 2)}"
+            f" | {_fmt(p.token_match)} | {p.identical} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -205,14 +252,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reference", required=True, help="the NAME the others are paired with")
     parser.add_argument("--method", default=None, help="the method of each run to score (default: its baseline)")
     parser.add_argument("--out", default=None, help="also write quality.md and quality.json into this directory")
+    parser.add_argument(
+        "--margin",
+        action="append",
+        default=[],
+        metavar="METRIC=DROP",
+        help=f"a non-inferiority margin in the metric's units (default {DEFAULT_MARGINS})",
+    )
     args = parser.parse_args(argv)
+    margins = dict(DEFAULT_MARGINS)
+    for spec in args.margin:
+        metric, sep, value = spec.partition("=")
+        if not sep or metric not in DEFAULT_MARGINS:
+            parser.error(f"--margin {spec!r}: write METRIC=DROP with METRIC one of {sorted(DEFAULT_MARGINS)}")
+        margins[metric] = float(value)
     runs = {}
     for spec in args.runs:
         name, sep, dirs = spec.partition("=")
         if not sep or not name or not dirs:
             parser.error(f"{spec!r}: write NAME=RUN_DIR")
         runs[name] = {k: r for d in dirs.split(",") for k, r in load_records(d, args.method).items()}
-    quality, paired = run_quality(runs), paired_quality(runs, args.reference)
+    quality, paired = run_quality(runs), paired_quality(runs, args.reference, margins)
     table = markdown(quality, paired)
     print(table)
     if args.out:
@@ -220,7 +280,14 @@ def main(argv: list[str] | None = None) -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "quality.md").write_text(table)
         (out / "quality.json").write_text(
-            json.dumps({"runs": [asdict(q) for q in quality], "paired": [asdict(p) for p in paired]}, indent=1)
+            json.dumps(
+                {
+                    "runs": [asdict(q) for q in quality],
+                    "paired": [asdict(p) | {"non_inferior": p.non_inferior} for p in paired],
+                    "margins": margins,
+                },
+                indent=1,
+            )
         )
 
 

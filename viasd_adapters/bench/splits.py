@@ -65,6 +65,25 @@ def training(groups: list[list[Row]], first_excluded: int, last_excluded: int) -
     return [group[first_excluded : len(group) - last_excluded] for group in groups]
 
 
+def check_disjoint(
+    first: Iterable[Row], second: Iterable[Row], text: Callable[[Row], str], first_name: str, second_name: str
+) -> None:
+    """ValueError naming the shared rows unless no row of `first` has the text (whitespace and
+    case aside) of a row of `second`: a choice made on one split is confirmed on the other only then."""
+
+    def key(row: Row) -> str:
+        return " ".join(text(row).split()).casefold()
+
+    seen = {key(row) for row in second}
+    shared = [text(row) for row in first if key(row) in seen]
+    if shared:
+        preview = "; ".join(repr(t[:60]) for t in shared[:3])
+        raise ValueError(
+            f"{len(shared)} prompt(s) of {first_name} are also in {second_name} ({preview}...): the splits must be"
+            f" disjoint; take {first_name}'s prompts from another file or other categories"
+        )
+
+
 def round_robin(groups: list[list[Row]]) -> list[Row]:
     """One row of each category in turn, until every category is used up."""
     return [g[i] for i in range(max((len(g) for g in groups), default=0)) for g in groups if i < len(g)]

@@ -19,7 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..bench import plots
-from ..bench.harness import BenchSettings, Harness, Method
+from ..bench.harness import BenchSettings, Harness, Method, read_appended
 from ..bench.report import ablation, build_report
 from ..checks import check_config
 from ..hardware import cpu_info, device_label
@@ -90,6 +90,11 @@ def run(cfg: DictConfig) -> BenchOutcome:
 def _check_methods(cfg: DictConfig) -> None:
     if not cfg.method:
         raise ValueError("no method to run: pass method=[ar,sd,...] (files in conf/method/)")
+    if cfg.baseline not in cfg.method:  # the harness checks it too, but only after the models load
+        raise ValueError(
+            f"the baseline method {cfg.baseline!r} is not among the methods {list(cfg.method)}:"
+            f" add it (method=[{','.join([cfg.baseline, *cfg.method])}]) or set baseline=<one of them>"
+        )
     if cfg.get("ablation"):
         named = [
             cfg.ablation.reference,
@@ -130,14 +135,7 @@ def _out_dir(cfg: DictConfig, run_id: str) -> tuple[Path, list[dict]]:
     if not cfg.resume:
         raise ValueError(f"{path} exists already: pick a fresh out_dir, or resume=true to continue that run")
     _check_same_run(cfg, out_dir / "config.yaml")
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    records = []
-    for number, line in enumerate(lines, 1):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            if number < len(lines):  # only the last line can be cut mid-write; its group runs again
-                raise ValueError(f"{path}:{number} is not a JSON record: pick a fresh out_dir") from err
+    records = read_appended(path)
     groups: dict[tuple, list[dict]] = {}
     for record in records:
         groups.setdefault((record["prompt_id"], record["rep"]), []).append(record)

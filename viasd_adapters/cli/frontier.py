@@ -17,7 +17,7 @@ import json
 import logging
 import platform
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -37,7 +37,7 @@ from ..bench.frontier import (
     points_table,
     summarize,
 )
-from ..bench.harness import BenchSettings, Harness, Method
+from ..bench.harness import BenchSettings, Harness, Method, read_appended
 from ..bench.tasks import Prompt, Task
 from ..configs import load_routing
 from ..costs import CostModel, attention_share, load_profile, measure_cost_ratio, measure_pair
@@ -257,19 +257,28 @@ def run(cfg: DictConfig) -> str:
     if cfg.report_only:
         return write_report(cfg, out_dir, _points_from_run(sweep, cfg, routing, out_dir))
 
+    if not 0 <= int(cfg.shard) < int(cfg.shards):
+        raise ValueError(f"need 0 <= shard < shards, got shard={cfg.shard}, shards={cfg.shards}")
     (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     set_threads(cfg.runtime.threads)
     pair = load_pair(cfg.model_pair, with_draft=True)
     points = build_points(sweep, cfg.method, routing, attention_share(pair.target.model))
-    pending = {k: _remaining(out_dir, k, tasks[k], len(points) + len(sweep.gated), cfg.repetitions) for k in only}
+    selected, needed = _selected(cfg, points, sweep)
+    points = [p for p in points if p.name in needed]
+    gated = [g for g in sweep.gated if f"{g}+gate" in selected]
+    shard = (int(cfg.shard), int(cfg.shards))
+    pending = {k: _remaining(out_dir, k, tasks[k], len(points) + len(gated), cfg.repetitions, shard) for k in only}
     pending = {k: ids for k, ids in pending.items() if ids}
     if pending and cfg.measure_costs:
         first = tasks[next(iter(pending))]
         measure_costs(cfg, out_dir, pair, routing, _shortest_prompt(pair, first, cfg.chat_template))
-    if sweep.gated:
-        points += calibrate_gates(cfg, out_dir, pair, [p for p in points if p.name in sweep.gated])
+    if gated:
+        points += calibrate_gates(cfg, out_dir, pair, [p for p in points if p.name in gated])
+    points = [p for p in points if p.name in selected]
     _write_points(out_dir, points)
     methods = [Method(p.name, build_decoder(p.framework, p.verifier, pair)) for p in points]
+    if settings.baseline not in selected:  # a job of some points: speed and agreement against its first
+        settings = replace(settings, baseline=points[0].name, host=None)
     ran = _run_pending(cfg, out_dir, pair, methods, tasks, pending, sampling, settings)
     meta = {
         "cpu": cpu_info().model,
@@ -281,6 +290,17 @@ def run(cfg: DictConfig) -> str:
     }
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
     return write_report(cfg, out_dir, points)
+
+
+def _selected(cfg: DictConfig, points, sweep: SweepConfig) -> tuple[set[str], set[str]]:
+    """The point names this invocation runs (`points`, checked against the sweep's; else all),
+    and those it builds: a gated twin's gate is calibrated on its ungated point."""
+    names = [p.name for p in points] + [f"{g}+gate" for g in sweep.gated]
+    if not cfg.points:
+        return set(names), set(names)
+    if unknown := [n for n in cfg.points if n not in names]:
+        raise ValueError(f"points={unknown}: not points of this sweep; its points are {names}")
+    return set(cfg.points), set(cfg.points) | {n.removesuffix("+gate") for n in cfg.points}
 
 
 def _settings(cfg: DictConfig, sweep: SweepConfig) -> BenchSettings:
@@ -395,20 +415,24 @@ def _points_from_run(sweep: SweepConfig, cfg: DictConfig, routing, out_dir: Path
     return points
 
 
-def _remaining(out_dir: Path, key: str, task, num_points: int, repetitions: int) -> list[str]:
-    """Ids of the task's prompts without a complete group of records (one per point and repetition).
+def _remaining(
+    out_dir: Path, key: str, task, num_points: int, repetitions: int, shard: tuple[int, int] = (0, 1)
+) -> list[str]:
+    """Ids of the task's prompts of this (shard, shards) without a complete group of records (one
+    per point and repetition): shard i of n holds prompts i, i + n, i + 2n, ...
 
     Records of incomplete groups (an interrupted run, or a sweep that changed) are dropped from
     the file, so a rerun decodes those prompts again for every point."""
     path = _records_path(out_dir, key)
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    rows = read_appended(path) if path.is_file() else []
     count: dict[str, int] = {}
     for r in rows:
         count[r["prompt_id"]] = count.get(r["prompt_id"], 0) + 1
     done = {pid for pid, n in count.items() if n == num_points * repetitions}
     if len(done) != len(count):
         path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["prompt_id"] in done))
-    return [p.id for p in task.prompts() if p.id not in done]
+    index, count_shards = shard
+    return [p.id for p in task.prompts()[index::count_shards] if p.id not in done]
 
 
 class _Subset(Task):

@@ -1,7 +1,8 @@
 """Tier-threshold calibration: the cheapest policy thresholds that keep a quality target.
 
-Quality is token agreement with the target's own greedy output, as the host loop computes it
-with the tiers off (lossless), on calibration prompts; cost is forward passes per generated
+Quality is judged against the target's own greedy output, as the host loop computes it with the
+tiers off (lossless), on calibration prompts: token agreement with it, or (`TaskQuality`) each
+task metric non-inferior to its score within a margin. Cost is forward passes per generated
 token, counts rather than times, so the choice does not depend on how busy the machine was:
 full-model forwards, plus slim forwards priced at the mask's measured slim / full ratio when
 several masks compete (`verify_cost`). Measured tokens/s are reported beside it.
@@ -12,7 +13,8 @@ from __future__ import annotations
 import datetime
 import logging
 import statistics
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -20,7 +22,9 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from ..bench.metrics import token_agreement
+from ..bench.metrics import QUALITY_METRICS, token_agreement
+from ..bench.quality import drop_bound
+from ..bench.tasks import Prompt
 from ..decode import GenerationResult
 from ..pipeline import ModelPair, build_decoder
 from ..sampling import SamplingConfig
@@ -41,6 +45,43 @@ class ThresholdResult:
     tokens_per_second: float  # median over prompts (measured, for information)
     mask: str | None = None  # the routing option evaluated (None: the configured mask)
     slim_cost: float | None = None  # one slim forward / one full forward, measured for the mask
+    # TaskQuality: "<category>/<metric>" -> one-sided 95% bound of the drop against the tiers-off output
+    drop_bounds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class TaskQuality:
+    """Quality as task metrics: a setting keeps it when, in every scored category, the one-sided
+    95% bound of its paired drop against the tiers-off outputs is within the metric's margin."""
+
+    prompts: list[Prompt]  # the calibration split, in the order the prompts are decoded
+    metrics: dict[str, str]  # category -> metric name (`QUALITY_METRICS`); others are not scored
+    margins: dict[str, float]  # metric -> largest acceptable drop
+    decode: Callable[[list[int]], str]  # output tokens -> text
+
+    def __post_init__(self) -> None:
+        used = {self.metrics[p.category] for p in self.prompts if p.category in self.metrics}
+        if not used:
+            raise ValueError("quality=task: no calibration prompt has a task metric; pick categories that do")
+        if missing := sorted(used - set(self.margins)):
+            raise ValueError(f"quality=task: no margin for {missing}: set margins.<metric>=<largest acceptable drop>")
+
+    def scores(self, outputs: list[list[int]]) -> dict[str, list[float]]:
+        """ "<category>/<metric>" -> each scored prompt's value, in prompt order."""
+        out: dict[str, list[float]] = {}
+        for prompt, tokens in zip(self.prompts, outputs, strict=True):
+            if (metric := self.metrics.get(prompt.category)) is not None:
+                value = QUALITY_METRICS[metric](prompt, self.decode(tokens)).value
+                out.setdefault(f"{prompt.category}/{metric}", []).append(value)
+        return out
+
+    def drop_bounds(self, outputs: list[list[int]], reference: list[list[int]]) -> dict[str, float]:
+        ref = self.scores(reference)
+        return {key: drop_bound(values, ref[key]) for key, values in self.scores(outputs).items()}
+
+    def excess(self, bounds: dict[str, float]) -> float:
+        """The largest amount by which a bound exceeds its margin (<= 0: non-inferior everywhere)."""
+        return max(bound - self.margins[key.rsplit("/", 1)[1]] for key, bound in bounds.items())
 
 
 def verify_cost(result: ThresholdResult) -> float:
@@ -58,11 +99,13 @@ def evaluate_thresholds(
     max_new_tokens: int,
     references: list[GenerationResult],
     progress: bool = True,
+    quality: TaskQuality | None = None,
 ) -> list[ThresholdResult]:
     """Decode every prompt with every (tau_accept, tau_slim) of `grid` (greedy), scoring agreement
     with the same host loop with the tiers off (lossless: the target's greedy output, which in
     fp32 is AR's; in bf16 lossless SD itself drifts from AR at near-ties, and comparing with AR
-    would charge that drift to the thresholds): `references`, from `reference_outputs`."""
+    would charge that drift to the thresholds): `references`, from `reference_outputs`. With
+    `quality` (whose prompts `prompts` encode), each task metric's drop bound too."""
     greedy = SamplingConfig()
     stop = pair.target.stop_token_ids
     references = [r.tokens for r in references]
@@ -70,9 +113,10 @@ def evaluate_thresholds(
     for tau_accept, tau_slim in tqdm(grid, desc="thresholds", disable=not progress):
         node = OmegaConf.merge(verifier, {"policy": {"tau_accept": tau_accept, "tau_slim": tau_slim}})
         decoder = build_decoder(framework, node, pair)
-        agreements, exact, speeds, full, slim, tokens = [], 0, [], 0, 0, 0
+        agreements, exact, speeds, full, slim, tokens, outputs = [], 0, [], 0, 0, 0, []
         for ids, reference in zip(prompts, references):
             out = decoder.generate(ids, max_new_tokens, greedy, stop)
+            outputs.append(out.tokens)
             rate, same = token_agreement(out.tokens, reference)
             agreements.append(rate)
             exact += same
@@ -90,6 +134,7 @@ def evaluate_thresholds(
                 full / tokens,
                 slim / tokens,
                 statistics.median(speeds),
+                drop_bounds=quality.drop_bounds(outputs, references) if quality else {},
             )
         )
         logger.info("%s", results[-1])
@@ -119,19 +164,27 @@ def host_cost(references: list[GenerationResult]) -> float:
     )
 
 
-def choose(results: list[ThresholdResult], target_agreement: float) -> tuple[ThresholdResult, bool]:
+def choose(
+    results: list[ThresholdResult], target_agreement: float, quality: TaskQuality | None = None
+) -> tuple[ThresholdResult, bool]:
     """The lowest `verify_cost` among settings meeting the target (ties: the safer, higher
-    thresholds); the most faithful setting, flagged, when none meets it."""
-    meeting = [r for r in results if r.agreement >= target_agreement]
+    thresholds); the most faithful setting, flagged, when none meets it. The target is
+    `target_agreement`, or with `quality` every task metric within its margin."""
+    if quality is None:
+        meeting = [r for r in results if r.agreement >= target_agreement]
+        faithful = max(results, key=lambda r: r.agreement)
+    else:
+        meeting = [r for r in results if quality.excess(r.drop_bounds) <= 0]
+        faithful = min(results, key=lambda r: quality.excess(r.drop_bounds))
     if not meeting:
-        return max(results, key=lambda r: r.agreement), False
+        return faithful, False
     return min(meeting, key=lambda r: (verify_cost(r), -r.tau_accept, -r.tau_slim)), True
 
 
-def write_policy(path: Path, best: ThresholdResult, met: bool, target_agreement: float, facts: dict) -> Path:
+def write_policy(path: Path, best: ThresholdResult, met: bool, quality_target: str, facts: dict) -> Path:
     """A policy config (a `policy/` group file) holding the chosen thresholds and how they were chosen."""
     provenance = {
-        "quality_target": f"token agreement with the lossless (tiers-off) greedy output >= {target_agreement}",
+        "quality_target": quality_target,
         "met": met,
         **{k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(best).items()},
         **facts,
