@@ -129,6 +129,14 @@ def test_tiny_int8_model_is_quantised_everywhere(int8_pair):
     assert down and all(m.channels is not None and len(m.channels[1]) >= 1 for m in down)  # calibrated
 
 
+def test_an_int8_layer_prices_its_attention_as_the_float_layer_does(int8_pair):
+    """The frontier prices skipped sub-blocks by this share; int8 layers hold no parameters to count."""
+    from viasd_adapters.costs import attention_share
+
+    target, _ = int8_pair
+    assert attention_share(target.model) == attention_share(tiny().model) > 0
+
+
 @torch.no_grad()
 def test_a_verify_block_computes_what_one_token_steps_compute(int8_pair):
     """Bitwise: the int8 linears and the row-invariant attention (models/row_attention.py)."""

@@ -36,9 +36,16 @@ def attention_share(model: PreTrainedModel) -> float:
     """Share of a decoder layer's weights in its attention sub-block (a proxy for its decode cost),
     which prices a mask's skipped sub-blocks in layers (`RoutingMask.skipped_cost`)."""
     layer = model.get_decoder().layers[0]
-    attention = sum(p.numel() for p in layer.self_attn.parameters())
-    mlp = sum(p.numel() for p in layer.mlp.parameters())
+    attention, mlp = _weight_count(layer.self_attn), _weight_count(layer.mlp)
     return attention / (attention + mlp)
+
+
+def _weight_count(block: torch.nn.Module) -> int:
+    """Multiply-adds per token of a block's linear layers, counted from their shapes: an int8
+    layer keeps its packed weights out of `parameters()`."""
+    return sum(
+        m.in_features * m.out_features for m in block.modules() if hasattr(m, "in_features") and hasattr(m, "out_features")
+    )
 
 
 @dataclass(frozen=True)
