@@ -143,3 +143,16 @@ def test_noninferiority_power_and_verdicts_on_known_inputs(tmp_path):
     assert 0.3 < loose.drop_bound < 0.45 and loose.non_inferior is True
     (unjudged,) = paired_quality(runs, "b", {})
     assert unjudged.non_inferior is None
+
+
+def test_the_screen_s_speeds_go_beside_the_powered_quality(tmp_path):
+    a = _run(tmp_path, "a", [("math", "math_accuracy", q, [1], 1, 8) for q in (1, 0, 1)])
+    b = _run(tmp_path, "b", [("math", "math_accuracy", q, [1], 1, 8) for q in (1, 1, 1)])
+    screen = tmp_path / "screen"
+    screen.mkdir()
+    points = [{"name": "a", "speedup_vs_host": 1.12}, {"name": "b", "speedup_vs_host": 1.0}, {"name": "c"}]
+    (screen / "frontier.json").write_text(json.dumps({"points": points}))
+    main([f"a={a}", f"b={b}", "--reference", "b", "--out", str(tmp_path / "out"), "--screen", str(screen)])
+    assert (tmp_path / "out" / "speed_quality.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="frontier.json does not exist"):
+        main([f"a={a}", f"b={b}", "--reference", "b", "--out", str(tmp_path / "out"), "--screen", str(tmp_path)])

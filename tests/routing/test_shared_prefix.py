@@ -98,3 +98,14 @@ def test_slim_must_be_a_view_of_the_target(model):
     other = tiny(seed=5, num_layers=4).model
     with pytest.raises(ValueError, match="view of another model"):
         SharedPrefixRunner(model, SlimModel(other, RoutingMask([2])))
+
+
+def test_a_target_with_a_compiled_step_is_refused():
+    """The shared stages bypass the target's decode step: on int8 that changed the host's output."""
+    from viasd_adapters.models.compiled import attach_step
+
+    target = tiny(seed=6, num_layers=4).model
+    SharedPrefixRunner(target, SlimModel(target, RoutingMask([2])))  # no step, nothing bypassed
+    assert attach_step(target, compile=False, warm_up=False) is not None  # the step's eager form: no compile
+    with pytest.raises(ValueError, match="Set verifier.share_prefix=false"):
+        SharedPrefixRunner(target, SlimModel(target, RoutingMask([2])))

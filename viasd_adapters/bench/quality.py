@@ -241,6 +241,41 @@ def markdown(quality: list[RunQuality], paired: list[PairedQuality]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def screen_speeds(screen_dir: str | Path, key: str = "speedup_vs_host") -> dict[str, float]:
+    """Point name -> its speedup (`key`) in a viasd-frontier run's frontier.json: the screen's
+    speeds, measured interleaved, beside the quality of the powered runs (which are not timed)."""
+    path = Path(screen_dir) / "frontier.json"
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist: give the viasd-frontier run directory of the screen")
+    return {p["name"]: p[key] for p in json.loads(path.read_text())["points"] if p.get(key) is not None}
+
+
+def speed_quality_plot(quality: list[RunQuality], speeds: dict[str, float], path: Path, xlabel: str) -> Path:
+    """One panel per category: each run's mean task metric with its 95% interval against its
+    speed (runs without a speed are left out)."""
+    from .plots import pyplot
+
+    categories = list(dict.fromkeys(q.category for q in quality))
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(categories), figsize=(4.6 * len(categories), 4.0), squeeze=False)
+    for ax, category in zip(axes[0], categories):
+        rows = [q for q in quality if q.category == category and q.run in speeds]
+        for k, q in enumerate(rows):
+            x = speeds[q.run]
+            ax.errorbar([x], [q.mean], yerr=[[q.mean - q.low], [q.high - q.mean]], fmt="os^Dv<>P"[k % 8], capsize=3,
+                        color=f"C{k}", label=q.run)  # fmt: skip
+        ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_title(f"{rows[0].metric if rows else ''} ({category}, n = {rows[0].n if rows else 0})", fontsize=9)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("mean, 95% interval")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -258,6 +293,12 @@ def main(argv: list[str] | None = None) -> None:
         default=[],
         metavar="METRIC=DROP",
         help=f"a non-inferiority margin in the metric's units (default {DEFAULT_MARGINS})",
+    )
+    parser.add_argument(
+        "--screen",
+        default=None,
+        metavar="FRONTIER_DIR",
+        help="a viasd-frontier run of the same points: with --out, plot their speed vs the host against quality",
     )
     args = parser.parse_args(argv)
     margins = dict(DEFAULT_MARGINS)
@@ -279,6 +320,9 @@ def main(argv: list[str] | None = None) -> None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "quality.md").write_text(table)
+        if args.screen:
+            speeds = screen_speeds(args.screen)
+            speed_quality_plot(quality, speeds, out / "speed_quality.png", "speedup vs the host (screen, median)")
         (out / "quality.json").write_text(
             json.dumps(
                 {

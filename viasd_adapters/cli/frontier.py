@@ -267,7 +267,8 @@ def run(cfg: DictConfig) -> str:
     points = [p for p in points if p.name in needed]
     gated = [g for g in sweep.gated if f"{g}+gate" in selected]
     shard = (int(cfg.shard), int(cfg.shards))
-    pending = {k: _remaining(out_dir, k, tasks[k], len(points) + len(gated), cfg.repetitions, shard) for k in only}
+    runs = sum(p.name in selected for p in points) + len(gated)  # records per prompt and repetition
+    pending = {k: _remaining(out_dir, k, tasks[k], runs, cfg.repetitions, shard) for k in only}
     pending = {k: ids for k, ids in pending.items() if ids}
     if pending and cfg.measure_costs:
         first = tasks[next(iter(pending))]

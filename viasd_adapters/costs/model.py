@@ -44,7 +44,9 @@ def _weight_count(block: torch.nn.Module) -> int:
     """Multiply-adds per token of a block's linear layers, counted from their shapes: an int8
     layer keeps its packed weights out of `parameters()`."""
     return sum(
-        m.in_features * m.out_features for m in block.modules() if hasattr(m, "in_features") and hasattr(m, "out_features")
+        m.in_features * m.out_features
+        for m in block.modules()
+        if hasattr(m, "in_features") and hasattr(m, "out_features")
     )
 
 

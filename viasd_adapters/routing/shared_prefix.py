@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
+from ..models.compiled import decode_step
 from ..runner import CallStats, CausalLMRunner, common_prefix_length
 from .mask import RoutingMask
 from .slim import HiddenState, SlimModel
@@ -75,6 +76,14 @@ class SharedPrefixRunner:
             slim.layers[str(i)] is not self.full.layers[str(i)] for i in range(self.num_prefix_layers)
         ):
             raise ValueError("the slim verifier is a view of another model than the target: build it from the target")
+        if decode_step(target) is not None:
+            # Measured on the int8 1.5B: a block every gate sent to the target parted from the host's
+            # output, since eager stages round unlike the compiled step the host decodes with.
+            raise ValueError(
+                "share_prefix runs the target's layers in eager stages, bypassing its compiled decode step:"
+                " the target's verdicts would round unlike the host's lossless path. Set"
+                " verifier.share_prefix=false (method=tiered, not tiered-fast) or runtime.compile=false"
+            )
         self.slim = UpperLayers(self, slim, "slim")
         self.target = UpperLayers(self, self.full, "target")
         self.reset()
