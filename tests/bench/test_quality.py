@@ -145,14 +145,30 @@ def test_noninferiority_power_and_verdicts_on_known_inputs(tmp_path):
     assert unjudged.non_inferior is None
 
 
-def test_the_screen_s_speeds_go_beside_the_powered_quality(tmp_path):
-    a = _run(tmp_path, "a", [("math", "math_accuracy", q, [1], 1, 8) for q in (1, 0, 1)])
-    b = _run(tmp_path, "b", [("math", "math_accuracy", q, [1], 1, 8) for q in (1, 1, 1)])
+def test_a_powered_frontier_job_is_scored_by_method_beside_the_screen_s_speeds(tmp_path, capsys):
+    """A viasd-frontier points job holds several points in one records file: --by-method scores
+    each NAME's own records, and the screen's speeds go beside them by the same names."""
+    job = tmp_path / "job"
+    job.mkdir()
+    scores = {"host": (1, 1, 1, 0), "via-sd[8l]@0.9/0.9": (1, 0, 1, 0)}
+    records = [
+        {"rep": 0, "method": m, "baseline": "host", "category": "math_reasoning", "prompt_id": str(i),
+         "quality_metric": "math_accuracy", "quality": q, "output_tokens": [i], "new_tokens": 1, "max_new_tokens": 8}
+        for m, qs in scores.items() for i, q in enumerate(qs)
+    ]  # fmt: skip
+    (job / "records-math.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     screen = tmp_path / "screen"
     screen.mkdir()
-    points = [{"name": "a", "speedup_vs_host": 1.12}, {"name": "b", "speedup_vs_host": 1.0}, {"name": "c"}]
+    points = [{"name": "host", "speedup_vs_host": 1.0}, {"name": "via-sd[8l]@0.9/0.9", "speedup_vs_host": 0.78}]
     (screen / "frontier.json").write_text(json.dumps({"points": points}))
-    main([f"a={a}", f"b={b}", "--reference", "b", "--out", str(tmp_path / "out"), "--screen", str(screen)])
-    assert (tmp_path / "out" / "speed_quality.png").stat().st_size > 0
+    out = tmp_path / "out"
+    main([f"host={job}", f"via-sd[8l]@0.9/0.9={job}", "--reference", "host", "--by-method", "--out", str(out),
+          "--screen", str(screen)])  # fmt: skip
+    means = {r["run"]: r["mean"] for r in json.loads((out / "quality.json").read_text())["runs"]}
+    assert means == {"host": 0.75, "via-sd[8l]@0.9/0.9": 0.5}
+    assert (out / "speed_quality.png").stat().st_size > 0
     with pytest.raises(ValueError, match="frontier.json does not exist"):
-        main([f"a={a}", f"b={b}", "--reference", "b", "--out", str(tmp_path / "out"), "--screen", str(tmp_path)])
+        main([f"host={job}", "--reference", "host", "--by-method", "--out", str(out), "--screen", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        main([f"host={job}", "--reference", "host", "--by-method", "--method", "host"])
+    assert "drop --method" in capsys.readouterr().err

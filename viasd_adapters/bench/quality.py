@@ -10,6 +10,8 @@ far the outputs agree. Answers that hit the
 token budget are counted, since a cut answer scores what it lacks.
 
     python -m viasd_adapters.bench.quality int8=RUN_DIR bfloat16=RUN_DIR --reference bfloat16
+    python -m viasd_adapters.bench.quality sd-confident=JOB0,JOB1 'via-sd[8l]@0.9/0.9'=JOB0,JOB1 \
+        --reference sd-confident --by-method --screen SCREEN_DIR --out OUT   # a powered frontier run
 """
 
 from __future__ import annotations
@@ -286,6 +288,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--reference", required=True, help="the NAME the others are paired with")
     parser.add_argument("--method", default=None, help="the method of each run to score (default: its baseline)")
+    parser.add_argument(
+        "--by-method",
+        action="store_true",
+        help="score in each run the method its NAME names (viasd-frontier points jobs hold several points)",
+    )
     parser.add_argument("--out", default=None, help="also write quality.md and quality.json into this directory")
     parser.add_argument(
         "--margin",
@@ -301,6 +308,8 @@ def main(argv: list[str] | None = None) -> None:
         help="a viasd-frontier run of the same points: with --out, plot their speed vs the host against quality",
     )
     args = parser.parse_args(argv)
+    if args.by_method and args.method:
+        parser.error("--by-method scores each run's NAME: drop --method")
     margins = dict(DEFAULT_MARGINS)
     for spec in args.margin:
         metric, sep, value = spec.partition("=")
@@ -312,7 +321,9 @@ def main(argv: list[str] | None = None) -> None:
         name, sep, dirs = spec.partition("=")
         if not sep or not name or not dirs:
             parser.error(f"{spec!r}: write NAME=RUN_DIR")
-        runs[name] = {k: r for d in dirs.split(",") for k, r in load_records(d, args.method).items()}
+        runs[name] = {
+            k: r for d in dirs.split(",") for k, r in load_records(d, name if args.by_method else args.method).items()
+        }
     quality, paired = run_quality(runs), paired_quality(runs, args.reference, margins)
     table = markdown(quality, paired)
     print(table)
