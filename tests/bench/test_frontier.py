@@ -129,6 +129,14 @@ def test_bad_sweeps_fail_with_the_fix():
         build_points(SweepConfig(alphas=[0.5, 0.5]), cfg.method, {})
 
 
+def test_a_bad_setting_fails_before_the_models_load(tmp_path, monkeypatch):
+    from viasd_adapters.cli import frontier
+
+    monkeypatch.setattr(frontier, "load_pair", lambda *a, **k: pytest.fail("the models loaded"))
+    with pytest.raises(ValueError, match="runtime.threads"):
+        frontier.run(compose_frontier("model_pair=tiny-random", f"out_dir={tmp_path}", "runtime.threads=0"))
+
+
 def _rec(method, prompt, drafted, accepted, new, steps, target, slim, speed, match, metric=None, q=None, tiers=None):
     return {
         "method": method,

@@ -39,6 +39,7 @@ from ..bench.frontier import (
 )
 from ..bench.harness import BenchSettings, Harness, Method, read_appended
 from ..bench.tasks import Prompt, Task
+from ..checks import check_config
 from ..configs import load_routing
 from ..costs import CostModel, attention_share, load_profile, measure_cost_ratio, measure_pair
 from ..hardware import cpu_info
@@ -247,6 +248,7 @@ def calibrate_gates(cfg: DictConfig, out_dir: Path, pair, points) -> list:
 
 
 def run(cfg: DictConfig) -> str:
+    check_config(cfg)  # the base methods, runtime and budgets, before any model loads
     out_dir = Path(cfg.out_dir)
     sweep: SweepConfig = instantiate(cfg.sweep, _convert_="all")
     routing = load_routing(sweep.masks)
