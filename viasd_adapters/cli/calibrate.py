@@ -58,9 +58,11 @@ def policy_name(cfg: DictConfig) -> str:
     return result_option("output_name", name, "policy", bool(cfg.policy_dir))
 
 
-def run(cfg: DictConfig) -> CalibrationOutcome:
+def _checked(cfg: DictConfig) -> tuple[str, dict]:
+    """The policy's name and the masks to price, with every plain setting checked before the
+    models load."""
     check_config(cfg, identity_slim_ok=True)  # u = q (routing=none) is a legitimate calibration check
-    name = policy_name(cfg)  # every plain setting is checked before the models load
+    name = policy_name(cfg)
     check_prompt_sources(cfg.prompts, "prompts")
     apply_routing_file(cfg)
     masks = load_routing(list(cfg.masks)) if cfg.masks else {}  # a missing mask fails before any model loads
@@ -70,6 +72,11 @@ def run(cfg: DictConfig) -> CalibrationOutcome:
         raise ValueError(f"quality={cfg.quality}: choose quality=agreement or quality=task")
     if cfg.quality == "agreement" and cfg.get("evaluation") is not None:
         raise ValueError("evaluation= is checked against quality=task's prompts only: set quality=task, or drop it")
+    return name, masks
+
+
+def run(cfg: DictConfig) -> CalibrationOutcome:
+    name, masks = _checked(cfg)
     task_prompts = _task_prompts(cfg) if cfg.quality == "task" else None
     set_threads(cfg.runtime.threads)
     pair = load_pair(cfg.model_pair, uses_draft_model(cfg.framework.drafter, cfg.verifier))
