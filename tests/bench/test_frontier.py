@@ -358,6 +358,12 @@ def test_a_powered_job_runs_its_points_on_its_shard_and_resumes_when_cut(tmp_pat
     assert set(load_records(cut, "via-sd[1l]@0.5/0.3")) == {("math_reasoning", "1"), ("math_reasoning", "3")}
     with pytest.raises(ValueError, match=r"points=\['nope'\]: not points of this sweep"):
         run(compose_job(tmp_path / "bad", "points=[nope]"))
+    # answers cut at the budget are decoded again, with a larger one, in their own run directory
+    rerun = tmp_path / "rerun"
+    run(compose_job(rerun, "prompt_ids=[3]", "tasks.math.max_new_tokens=8", "shard=0", "shards=1"))
+    assert sorted(decoded(rerun)) == [("sd-confident", "3"), ("via-sd[1l]@0.5/0.3", "3")]
+    with pytest.raises(ValueError, match=r"prompt_ids=\['7'\]: not prompts of the tasks"):
+        run(compose_job(tmp_path / "bad", "prompt_ids=[3,7]"))
 
 
 def test_gated_twins_carry_a_calibrated_gate():

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from viasd_adapters.bench.quality import load_records, main, paired_quality, run_quality
+from viasd_adapters.bench.quality import load_records, main, merge_runs, paired_quality, run_quality
 
 
 def _run(tmp_path, name, rows):
@@ -172,3 +172,18 @@ def test_a_powered_frontier_job_is_scored_by_method_beside_the_screen_s_speeds(t
     with pytest.raises(SystemExit):
         main([f"host={job}", "--reference", "host", "--by-method", "--method", "host"])
     assert "drop --method" in capsys.readouterr().err
+
+
+def test_a_rerun_of_cut_answers_replaces_them_and_pairs_only_equal_budgets(tmp_path):
+    first = load_records(_run(tmp_path, "first", [("math_reasoning", "math_accuracy", 0.0, [1, 2], 2, 2)] * 3))
+    rerun = load_records(_run(tmp_path, "rerun", [("math_reasoning", "math_accuracy", 1.0, [1, 2, 3], 3, 4)]))
+    merged = merge_runs([first, rerun])
+    assert [(k[1], r["quality"], r["max_new_tokens"]) for k, r in sorted(merged.items())] == [
+        ("0", 1.0, 4),
+        ("1", 0.0, 2),
+        ("2", 0.0, 2),
+    ]
+    (row,) = paired_quality({"host": merged, "point": merged}, "host")
+    assert row.n == 3
+    with pytest.raises(ValueError, match=r"decoded prompts \['0'\] with different max_new_tokens"):
+        paired_quality({"host": merged, "point": first}, "host")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -97,6 +98,18 @@ def load_records(run_dir: str | Path, method: str | None = None) -> dict[tuple[s
     if not chosen:
         raise ValueError(f"{path} has no scored record of method {method or 'the baseline'}")
     return chosen
+
+
+def merge_runs(runs: list[dict[tuple[str, str], dict]]) -> dict[tuple[str, str], dict]:
+    """One run from several (`load_records`'), in order: a later run's record of a prompt replaces
+    an earlier one's (`paired_quality` refuses pairs decoded with different budgets)."""
+    merged: dict[tuple[str, str], dict] = {}
+    for records in runs:
+        replaced = sorted(k[1] for k in records if k in merged)
+        if replaced:
+            print(f"replaced by a later run: {len(replaced)} prompts ({', '.join(replaced)})", file=sys.stderr)
+        merged.update(records)
+    return merged
 
 
 def _interval(values: list[float], binary: bool) -> tuple[float, float]:
@@ -180,6 +193,11 @@ def paired_quality(
             keys = sorted(k for k in records if k[0] == category and k in base)
             if not keys:
                 continue
+            if unequal := [k[1] for k in keys if records[k].get("max_new_tokens") != base[k].get("max_new_tokens")]:
+                raise ValueError(
+                    f"{name} and {reference} decoded prompts {unequal} with different max_new_tokens: rerun "
+                    "every point of a prompt with the same budget (a rerun's dir holds all of them)"
+                )
             metric = records[keys[0]]["quality_metric"]
             a = [records[k]["quality"] for k in keys]
             b = [base[k]["quality"] for k in keys]
@@ -284,7 +302,8 @@ def main(argv: list[str] | None = None) -> None:
         "runs",
         nargs="+",
         metavar="NAME=RUN_DIR",
-        help="runs to compare (several run dirs of one name: join them with ',')",
+        help="runs to compare (several run dirs of one name: join them with ','; a later dir's record of a "
+        "prompt replaces an earlier one's, e.g. a rerun of the answers cut at the budget with a larger one)",
     )
     parser.add_argument("--reference", required=True, help="the NAME the others are paired with")
     parser.add_argument("--method", default=None, help="the method of each run to score (default: its baseline)")
@@ -321,9 +340,7 @@ def main(argv: list[str] | None = None) -> None:
         name, sep, dirs = spec.partition("=")
         if not sep or not name or not dirs:
             parser.error(f"{spec!r}: write NAME=RUN_DIR")
-        runs[name] = {
-            k: r for d in dirs.split(",") for k, r in load_records(d, name if args.by_method else args.method).items()
-        }
+        runs[name] = merge_runs([load_records(d, name if args.by_method else args.method) for d in dirs.split(",")])
     quality, paired = run_quality(runs), paired_quality(runs, args.reference, margins)
     table = markdown(quality, paired)
     print(table)

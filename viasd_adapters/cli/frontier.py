@@ -319,8 +319,8 @@ def _settings(cfg: DictConfig, sweep: SweepConfig) -> BenchSettings:
 
 
 def _checked_tasks(cfg: DictConfig) -> tuple[dict[str, Task], list[str]]:
-    """Every task of the config and the keys this run may decode (`only`), their prompt files
-    read and checked before any model loads."""
+    """Every task of the config and the keys this run may decode (`only`, narrowed to
+    `prompt_ids` when set), their prompt files read and checked before any model loads."""
     tasks = {key: instantiate(node, _convert_="all") for key, node in cfg.tasks.items()}
     only = list(cfg.only) if cfg.only else list(tasks)
     unknown = [k for k in only if k not in tasks]
@@ -328,6 +328,12 @@ def _checked_tasks(cfg: DictConfig) -> tuple[dict[str, Task], list[str]]:
         raise ValueError(f"only={unknown}: not tasks of this config ({list(tasks)})")
     for key in only:
         tasks[key].prompts()
+    if cfg.prompt_ids:
+        ids = [str(i) for i in cfg.prompt_ids]
+        known = {p.id for key in only for p in tasks[key].prompts()}
+        if missing := [i for i in ids if i not in known]:
+            raise ValueError(f"prompt_ids={missing}: not prompts of the tasks {only}")
+        tasks.update({key: _Subset(tasks[key], ids) for key in only})
     return tasks, only
 
 
