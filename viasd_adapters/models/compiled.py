@@ -121,7 +121,9 @@ kv_write = torch.ops.viasd.kv_write
 
 # Attention itself runs eagerly, as one opaque op: Inductor's kernels summed a draft tree's rows
 # (each reading its own path, gathered) in another order than a one-token step's, and the
-# tree's tokens parted from int8 AR's; ATen's reductions run alike for every row count and order.
+# tree's tokens parted from int8 AR's. Each row is its own pair of matmuls, shaped as a one-token
+# step's: batched over rows, MKL chose other kernels by batch size and a block's rows parted from
+# their steps (natively, 8 key-value heads, 2048 keys); row by row nothing depends on the block.
 _LIBRARY.define("row_attention(Tensor q, Tensor keys, Tensor values, Tensor mask, Tensor? order) -> Tensor")
 
 
@@ -129,15 +131,14 @@ def _row_attention(q, keys, values, mask, order):
     """q [n, Hkv, G, D] fp32; keys, values [Hkv, S, D]; mask [n, A] bool; order [n, A] long or
     None (see `decoder_layer`) -> [n, Hkv, G, D] fp32."""
     A, D = mask.shape[1], q.shape[-1]
-    if order is None:
-        K, V = keys[:, :A].float()[None], values[:, :A].float()[None]  # [1, Hkv, A, D]
-    else:
-        K, V = keys[:, order].float().transpose(0, 1), values[:, order].float().transpose(0, 1)  # [n, Hkv, A, D]
-    # Reductions per (row, head, position): nothing depends on how many rows came together.
-    scores = (q[:, :, :, None, :] * K[:, :, None, :, :]).sum(-1) / math.sqrt(D)  # [n, Hkv, G, A]
-    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return (probs[..., None] * V[:, :, None, :, :]).sum(-2)
+    shared = (keys[:, :A].float(), values[:, :A].float()) if order is None else None
+    rows = []
+    for j in range(q.shape[0]):
+        K, V = shared if shared is not None else (keys[:, order[j]].float(), values[:, order[j]].float())  # [Hkv, A, D]
+        scores = torch.matmul(q[j], K.transpose(-1, -2)).div_(math.sqrt(D))  # [Hkv, G, A]
+        scores.masked_fill_(~mask[j], float("-inf"))
+        rows.append(torch.matmul(torch.softmax(scores, dim=-1), V))  # [Hkv, G, D]
+    return torch.stack(rows)
 
 
 _LIBRARY.impl("row_attention", _row_attention, "CPU")
