@@ -1,0 +1,103 @@
+"""One-row int8 GEMM kernels per layer shape of a model, with weights read from memory.
+
+    python tools/gemm_kernels.py qwen2.5-coder-0.5b-instruct [--threads 2] [--cold-gb 1.0]
+
+For each of the model's projection shapes (q/k/v fused, o, gate/up fused, down, LM head), times
+one new row through each int8 kernel torch ships for CPUs, cycling over enough copies of the
+weight (`--cold-gb`) that each call reads it from memory, not from the last-level cache:
+
+* `fbgemm dynamic`: `quantized::linear_dynamic`, what the int8 models run (`_RowQuantGemm`: the
+  row plus its bounds row, activations quantised at run time);
+* `fbgemm given qparams`: the same kernel told the input's range instead of measuring it
+  (`quantized::linear_with_input_q_dq_qweight_dq_output_fp32`), bitwise the same output;
+* `int8pack fp32` / `int8pack bf16`: `aten._weight_int8pack_mm`, weight-only int8 (other numerics);
+* `onednn`: `onednn.qlinear_pointwise`, uint8 x int8 with an fp32 output.
+
+Medians in µs and the weight bytes read per second. Run it on an idle machine; prefix the AVX2
+limits (docs/results/int8.md) to emulate an AVX2-only CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+from transformers import AutoConfig
+
+from viasd_adapters.hardware import device_label
+from viasd_adapters.models.offline import ensure_cached
+from viasd_adapters.models.quantize import _RowQuantGemm
+
+
+def shapes(model: str) -> dict[str, tuple[int, int]]:
+    """Projection name -> (K in, N out) of one decoder layer and the LM head."""
+    c = AutoConfig.from_pretrained(ensure_cached(model))
+    d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    h, q, kv = c.hidden_size, c.num_attention_heads * d, c.num_key_value_heads * d
+    i = c.intermediate_size
+    return {"qkv": (h, q + 2 * kv), "o": (q, h), "gate_up": (h, 2 * i), "down": (i, h), "lm_head": (h, c.vocab_size)}
+
+
+def kernels(k: int, n: int, copies: int) -> dict[str, Callable[[int], object]]:
+    """Kernel name -> call(i) on copy i of one random [n, k] int8 weight."""
+    gemms = [_RowQuantGemm(torch.randn(n, k)) for _ in range(copies)]
+    unit = torch.rand(2, k) * 2 - 1
+    unit[1] = 0
+    unit[1, 0], unit[1, -1] = 1.0, -1.0  # the bounds row
+    scale = 2 / 127  # fbgemm's reduce_range parameters for [-1, 1]
+    zero_point = round(1 / scale)
+    q = [g.quantized_weight() for g in gemms]
+    ints = [w.int_repr().contiguous() for w in q]
+    w_scales = [w.q_per_channel_scales().float() for w in q]
+    onednn = [torch.ops.onednn.qlinear_prepack(w, [1, k]) for w in ints]
+    x, xb, xu = unit[:1].contiguous(), unit[:1].bfloat16(), torch.randint(0, 127, (1, k), dtype=torch.uint8)
+    zeros = torch.zeros(n, dtype=torch.long)
+    return {
+        "fbgemm dynamic": lambda i: torch.ops.quantized.linear_dynamic(unit, gemms[i].packed, True),
+        "fbgemm given qparams": lambda i: torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+            unit, scale, zero_point, gemms[i].packed
+        ),
+        "int8pack fp32": lambda i: torch.ops.aten._weight_int8pack_mm(x, ints[i], w_scales[i]),
+        "int8pack bf16": lambda i: torch.ops.aten._weight_int8pack_mm(xb, ints[i], w_scales[i].bfloat16()),
+        "onednn": lambda i: torch.ops.onednn.qlinear_pointwise(
+            xu, 0.01, 0, onednn[i], w_scales[i], zeros, None, 1.0, 0, torch.float32, "none", [], ""
+        ),
+    }
+
+
+def median_us(call: Callable[[int], object], copies: int, rounds: int) -> float:
+    for i in range(copies):
+        call(i)
+    times = []
+    for _ in range(rounds):
+        for i in range(copies):
+            begin = time.perf_counter()
+            call(i)
+            times.append(time.perf_counter() - begin)
+    return statistics.median(times) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="a model name of the zoo, e.g. qwen2.5-coder-0.5b-instruct")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cold-gb", type=float, default=1.0, help="weight copies cycled per shape, in GB")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore", message=".*quantize.*deprecated")  # the packing path's own warning
+    print(f"{args.model}, {args.threads} threads, {device_label(torch.device('cpu'))}")
+    print("| shape (K x N) | kernel | µs | GB/s |\n|---|---|---|---|")
+    for name, (k, n) in shapes(args.model).items():
+        copies = max(2, int(args.cold_gb * 1e9 // (k * n)))
+        for kernel, call in kernels(k, n, copies).items():
+            us = median_us(call, copies, args.rounds)
+            print(f"| {name} ({k} x {n}) | {kernel} | {us:.0f} | {k * n / us / 1e3:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
