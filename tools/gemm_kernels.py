@@ -11,7 +11,9 @@ weight (`--cold-gb`) that each call reads it from memory, not from the last-leve
 * `fbgemm given qparams`: the same kernel told the input's range instead of measuring it
   (`quantized::linear_with_input_q_dq_qweight_dq_output_fp32`), bitwise the same output;
 * `int8pack fp32` / `int8pack bf16`: `aten._weight_int8pack_mm`, weight-only int8 (other numerics);
-* `onednn`: `onednn.qlinear_pointwise`, uint8 x int8 with an fp32 output.
+* `onednn`: `onednn.qlinear_pointwise`, uint8 x int8 with an fp32 output;
+* `int_mm`: `aten._int_mm`, int8 x int8 with exact int32 sums (the epilogue would be ours);
+* `inductor gemv`: an int32 multiply-and-sum over K compiled by Inductor (exact int32 sums too).
 
 Medians in µs and the weight bytes read per second. Run it on an idle machine; prefix the AVX2
 limits (docs/results/int8.md) to emulate an AVX2-only CPU.
@@ -56,6 +58,8 @@ def kernels(k: int, n: int, copies: int) -> dict[str, Callable[[int], object]]:
     onednn = [torch.ops.onednn.qlinear_prepack(w, [1, k]) for w in ints]
     x, xb, xu = unit[:1].contiguous(), unit[:1].bfloat16(), torch.randint(0, 127, (1, k), dtype=torch.uint8)
     zeros = torch.zeros(n, dtype=torch.long)
+    xs = torch.randint(-64, 64, (1, k), dtype=torch.int8)
+    gemv = torch.compile(lambda a, w: (a.to(torch.int32) * w.to(torch.int32)).sum(-1), dynamic=False)
     return {
         "fbgemm dynamic": lambda i: torch.ops.quantized.linear_dynamic(unit, gemms[i].packed, True),
         "fbgemm given qparams": lambda i: torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
@@ -66,6 +70,8 @@ def kernels(k: int, n: int, copies: int) -> dict[str, Callable[[int], object]]:
         "onednn": lambda i: torch.ops.onednn.qlinear_pointwise(
             xu, 0.01, 0, onednn[i], w_scales[i], zeros, None, 1.0, 0, torch.float32, "none", [], ""
         ),
+        "int_mm": lambda i: torch._int_mm(xs, ints[i].t()),
+        "inductor gemv": lambda i: gemv(xs, ints[i]),
     }
 
 

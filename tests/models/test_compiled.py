@@ -68,14 +68,30 @@ def test_a_block_is_bitwise_its_steps_at_the_real_targets_width():
 
 
 @torch.no_grad()
-def test_a_draft_tree_s_rows_are_bitwise_the_steps_along_their_paths():
+def test_a_block_longer_than_its_rows_attended_lengths_is_bitwise_its_steps():
+    """A block attends over its last row's aligned length, longer than its first rows' steps do
+    once it straddles a multiple of ATTENTION_ALIGN. Past about 200 keys MKL split the value sum
+    otherwise over the longer (zero-padded) length: greedy SD parted from AR after 260 tokens."""
+    config = TinyModelConfig(
+        architecture="qwen2", num_layers=1, hidden_size=1536, num_heads=12, num_kv_heads=2, intermediate_size=1536
+    )
+    step = decode_step(load_model(ModelSpec("tiny-random", weights="int8", tiny=config, compile=True)).model)
+    ids = torch.randint(1, 257, (400,), generator=torch.Generator().manual_seed(2))
+    steps = hidden_by_blocks(step, ids, [200] + [1] * 200)
+    for sizes in ([250, 12, 30, 38, 60, 10], [200, 60, 60, 60, 20]):  # blocks over 256, 320, 384
+        assert torch.equal(hidden_by_blocks(step, ids, sizes), steps[: sum(sizes)]), sizes
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("prefix_length", [70, 254])  # 254: the tree's rows straddle 256 keys
+def test_a_draft_tree_s_rows_are_bitwise_the_steps_along_their_paths(prefix_length):
     """EAGLE's verify: tree rows at scattered buffer slots, each attending its own path, compute
     what one-token steps along that path compute (at the 1.5B's widths, where sum orders show)."""
     config = TinyModelConfig(
         architecture="qwen2", num_layers=2, hidden_size=1536, num_heads=12, num_kv_heads=2, intermediate_size=1536
     )
     step = decode_step(load_model(ModelSpec("tiny-random", weights="int8", tiny=config, compile=True)).model)
-    prefix = torch.randint(1, 257, (70,), generator=torch.Generator().manual_seed(1))
+    prefix = torch.randint(1, 257, (prefix_length,), generator=torch.Generator().manual_seed(1))
     tokens = torch.tensor([11, 12, 13, 14, 15, 16])
     parents = [-1, -1, 0, 1, 3, 2]  # two branches: 0 -> 2 -> 5 and 1 -> 3 -> 4
     paths = []

@@ -121,9 +121,11 @@ kv_write = torch.ops.viasd.kv_write
 
 # Attention itself runs eagerly, as one opaque op: Inductor's kernels summed a draft tree's rows
 # (each reading its own path, gathered) in another order than a one-token step's, and the
-# tree's tokens parted from int8 AR's. Each row is its own pair of matmuls, shaped as a one-token
-# step's: batched over rows, MKL chose other kernels by batch size and a block's rows parted from
-# their steps (natively, 8 key-value heads, 2048 keys); row by row nothing depends on the block.
+# tree's tokens parted from int8 AR's. Each row is its own pair of matmuls with exactly a one-token
+# step's shapes: batched over rows, MKL chose other kernels by batch size (natively, 8 key-value
+# heads, 2048 keys), and over the block's longer attended length (zeros past the row's keys) it
+# split the value sum's reduction otherwise past about 200 keys; either way a block's rows parted
+# from their steps. Row by row, at the row's own length, nothing depends on the block.
 _LIBRARY.define("row_attention(Tensor q, Tensor keys, Tensor values, Tensor mask, Tensor? order) -> Tensor")
 
 
@@ -131,12 +133,19 @@ def _row_attention(q, keys, values, mask, order):
     """q [n, Hkv, G, D] fp32; keys, values [Hkv, S, D]; mask [n, A] bool; order [n, A] long or
     None (see `decoder_layer`) -> [n, Hkv, G, D] fp32."""
     A, D = mask.shape[1], q.shape[-1]
+    if q.shape[0] == 1 and order is None:
+        lengths = [A]  # a one-token step: the block's length is the step's
+    else:  # the length the one-token step of each row's token attends over (`DecodeStep._block`)
+        lengths = [min(A, -(-count // ATTENTION_ALIGN) * ATTENTION_ALIGN) for count in mask.sum(1).tolist()]
     shared = (keys[:, :A].float(), values[:, :A].float()) if order is None else None
     rows = []
-    for j in range(q.shape[0]):
-        K, V = shared if shared is not None else (keys[:, order[j]].float(), values[:, order[j]].float())  # [Hkv, A, D]
-        scores = torch.matmul(q[j], K.transpose(-1, -2)).div_(math.sqrt(D))  # [Hkv, G, A]
-        scores.masked_fill_(~mask[j], float("-inf"))
+    for j, length in enumerate(lengths):
+        if shared is not None:
+            K, V = shared[0][:, :length], shared[1][:, :length]
+        else:
+            K, V = keys[:, order[j, :length]].float(), values[:, order[j, :length]].float()  # [Hkv, A_j, D]
+        scores = torch.matmul(q[j], K.transpose(-1, -2)).div_(math.sqrt(D))  # [Hkv, G, A_j]
+        scores.masked_fill_(~mask[j, :length], float("-inf"))
         rows.append(torch.matmul(torch.softmax(scores, dim=-1), V))  # [Hkv, G, D]
     return torch.stack(rows)
 
