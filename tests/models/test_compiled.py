@@ -36,6 +36,20 @@ def hidden_by_blocks(step: DecodeStep, ids: torch.Tensor, sizes: list[int]) -> t
     return torch.cat(out)
 
 
+def step_at_the_targets_width(num_layers: int) -> DecodeStep:
+    """The compiled step of a random int8 model at Qwen2.5-Coder-1.5B's widths (hidden 1536, 12
+    heads of 128, 2 key-value heads), where sum orders show in the int8 rows."""
+    config = TinyModelConfig(
+        architecture="qwen2",
+        num_layers=num_layers,
+        hidden_size=1536,
+        num_heads=12,
+        num_kv_heads=2,
+        intermediate_size=1536,
+    )
+    return decode_step(load_model(ModelSpec("tiny-random", weights="int8", tiny=config, compile=True)).model)
+
+
 def test_compiled_step_is_attached_and_runners_use_it(int8_model):
     step = decode_step(int8_model.model)
     assert step is not None and step.compiled
@@ -57,10 +71,7 @@ def test_a_block_is_bitwise_its_steps_at_the_real_targets_width():
     """At Qwen2.5-Coder-1.5B's widths (hidden 1536, 12 heads of 128) one-row steps leave a thread
     idle, which Inductor would fill by splitting a row's reductions across threads: another sum
     order than a block's, and int8's per-row scales turn that into logits a unit apart."""
-    config = TinyModelConfig(
-        architecture="qwen2", num_layers=1, hidden_size=1536, num_heads=12, num_kv_heads=2, intermediate_size=1536
-    )
-    step = decode_step(load_model(ModelSpec("tiny-random", weights="int8", tiny=config, compile=True)).model)
+    step = step_at_the_targets_width(num_layers=1)
     ids = torch.randint(1, 257, (40,), generator=torch.Generator().manual_seed(0))
     steps = hidden_by_blocks(step, ids, [16] + [1] * 24)
     for sizes in ([16, 2, 5, 8, 9], [16, 12, 12]):
@@ -72,10 +83,7 @@ def test_a_block_longer_than_its_rows_attended_lengths_is_bitwise_its_steps():
     """A block attends over its last row's aligned length, longer than its first rows' steps do
     once it straddles a multiple of ATTENTION_ALIGN. Past about 200 keys MKL split the value sum
     otherwise over the longer (zero-padded) length: greedy SD parted from AR after 260 tokens."""
-    config = TinyModelConfig(
-        architecture="qwen2", num_layers=1, hidden_size=1536, num_heads=12, num_kv_heads=2, intermediate_size=1536
-    )
-    step = decode_step(load_model(ModelSpec("tiny-random", weights="int8", tiny=config, compile=True)).model)
+    step = step_at_the_targets_width(num_layers=1)
     ids = torch.randint(1, 257, (400,), generator=torch.Generator().manual_seed(2))
     steps = hidden_by_blocks(step, ids, [200] + [1] * 200)
     for sizes in ([250, 12, 30, 38, 60, 10], [200, 60, 60, 60, 20]):  # blocks over 256, 320, 384
@@ -87,10 +95,7 @@ def test_a_block_longer_than_its_rows_attended_lengths_is_bitwise_its_steps():
 def test_a_draft_tree_s_rows_are_bitwise_the_steps_along_their_paths(prefix_length):
     """EAGLE's verify: tree rows at scattered buffer slots, each attending its own path, compute
     what one-token steps along that path compute (at the 1.5B's widths, where sum orders show)."""
-    config = TinyModelConfig(
-        architecture="qwen2", num_layers=2, hidden_size=1536, num_heads=12, num_kv_heads=2, intermediate_size=1536
-    )
-    step = decode_step(load_model(ModelSpec("tiny-random", weights="int8", tiny=config, compile=True)).model)
+    step = step_at_the_targets_width(num_layers=2)
     prefix = torch.randint(1, 257, (prefix_length,), generator=torch.Generator().manual_seed(1))
     tokens = torch.tensor([11, 12, 13, 14, 15, 16])
     parents = [-1, -1, 0, 1, 3, 2]  # two branches: 0 -> 2 -> 5 and 1 -> 3 -> 4

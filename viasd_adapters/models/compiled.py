@@ -56,6 +56,12 @@ RECOMPILE_LIMIT = 64  # graphs of the layer function a process may compile
 ATTENTION_ALIGN = 64  # attended length rounded up to this (whole SIMD vectors, fewer shapes)
 
 
+def attended_length(keys: int, capacity: int) -> int:
+    """The key slots a row with `keys` keys reads: rounded up to ATTENTION_ALIGN, within `capacity`.
+    A block reads its last row's; each of its rows, like its one-token step, its own."""
+    return min(-(-keys // ATTENTION_ALIGN) * ATTENTION_ALIGN, capacity)
+
+
 class UnsupportedModel(ValueError):
     """The model has a layer the compiled step does not implement."""
 
@@ -136,7 +142,7 @@ def _row_attention(q, keys, values, mask, order):
     if q.shape[0] == 1 and order is None:
         lengths = [A]  # a one-token step: the block's length is the step's
     else:  # the length the one-token step of each row's token attends over (`DecodeStep._block`)
-        lengths = [min(A, -(-count // ATTENTION_ALIGN) * ATTENTION_ALIGN) for count in mask.sum(1).tolist()]
+        lengths = [attended_length(count, A) for count in mask.sum(1).tolist()]
     shared = (keys[:, :A].float(), values[:, :A].float()) if order is None else None
     rows = []
     for j, length in enumerate(lengths):
@@ -463,8 +469,7 @@ class DecodeStep:
     ) -> torch.Tensor:
         n, start = ids.shape[0], cache.length
         write = torch.arange(start, start + n, device=cache.device)
-        attended = math.ceil((start + n) / ATTENTION_ALIGN) * ATTENTION_ALIGN
-        full = torch.zeros(n, min(attended, cache.capacity), dtype=torch.bool, device=cache.device)
+        full = torch.zeros(n, attended_length(start + n, cache.capacity), dtype=torch.bool, device=cache.device)
         order = None
         if mask is None:
             full[:, : start + n] = torch.arange(start + n, device=cache.device)[None, :] <= write[:, None]
