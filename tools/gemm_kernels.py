@@ -1,13 +1,15 @@
 """One-row int8 GEMM kernels per layer shape of a model, with weights read from memory.
 
-    python tools/gemm_kernels.py qwen2.5-coder-0.5b-instruct [--threads 2] [--cold-gb 1.0]
+    python tools/gemm_kernels.py qwen2.5-coder-0.5b-instruct [--threads 2] [--cold-gb 1.0] [--rows 1]
 
 For each of the model's projection shapes (q/k/v fused, o, gate/up fused, down, LM head), times
-one new row through each int8 kernel torch ships for CPUs, cycling over enough copies of the
+`--rows` new rows through the project's int8 GEMV and each int8 kernel torch ships for CPUs, cycling over enough copies of the
 weight (`--cold-gb`) that each call reads it from memory, not from the last-level cache:
 
-* `fbgemm dynamic`: `quantized::linear_dynamic`, what the int8 models run (`_RowQuantGemm`: the
-  row plus its bounds row, activations quantised at run time);
+* `int8 gemv`: the project's kernel (`models.int8_gemv`), what the int8 models run on up to
+  `GEMV_MAX_ROWS` rows, bitwise fbgemm's output;
+* `fbgemm dynamic`: `quantized::linear_dynamic`, what they run on more rows (`_RowQuantGemm`: the
+  rows plus the bounds row, activations quantised at run time);
 * `fbgemm given qparams`: the same kernel told the input's range instead of measuring it
   (`quantized::linear_with_input_q_dq_qweight_dq_output_fp32`), bitwise the same output;
 * `int8pack fp32` / `int8pack bf16`: `aten._weight_int8pack_mm`, weight-only int8 (other numerics);
@@ -44,23 +46,25 @@ def shapes(model: str) -> dict[str, tuple[int, int]]:
     return {"qkv": (h, q + 2 * kv), "o": (q, h), "gate_up": (h, 2 * i), "down": (i, h), "lm_head": (h, c.vocab_size)}
 
 
-def kernels(k: int, n: int, copies: int) -> dict[str, Callable[[int], object]]:
+def kernels(k: int, n: int, copies: int, rows: int) -> dict[str, Callable[[int], object]]:
     """Kernel name -> call(i) on copy i of one random [n, k] int8 weight."""
     gemms = [_RowQuantGemm(torch.randn(n, k)) for _ in range(copies)]
-    unit = torch.rand(2, k) * 2 - 1
-    unit[1] = 0
-    unit[1, 0], unit[1, -1] = 1.0, -1.0  # the bounds row
+    unit = torch.rand(rows + 1, k) * 2 - 1
+    unit[-1] = 0
+    unit[-1, 0], unit[-1, -1] = 1.0, -1.0  # the bounds row
     scale = 2 / 127  # fbgemm's reduce_range parameters for [-1, 1]
     zero_point = round(1 / scale)
     q = [g.quantized_weight() for g in gemms]
     ints = [w.int_repr().contiguous() for w in q]
     w_scales = [w.q_per_channel_scales().float() for w in q]
     onednn = [torch.ops.onednn.qlinear_prepack(w, [1, k]) for w in ints]
-    x, xb, xu = unit[:1].contiguous(), unit[:1].bfloat16(), torch.randint(0, 127, (1, k), dtype=torch.uint8)
+    x, xb, xu = unit[:-1].contiguous(), unit[:-1].bfloat16(), torch.randint(0, 127, (rows, k), dtype=torch.uint8)
     zeros = torch.zeros(n, dtype=torch.long)
-    xs = torch.randint(-64, 64, (1, k), dtype=torch.int8)
-    gemv = torch.compile(lambda a, w: (a.to(torch.int32) * w.to(torch.int32)).sum(-1), dynamic=False)
+    xs = torch.randint(-64, 64, (rows, k), dtype=torch.int8)
+    gemv_kernels = {"int8 gemv": lambda i: gemms[i].gemv(x)} if gemms[0].gemv is not None else {}
+    gemv = torch.compile(lambda a, w: (a[:, None].to(torch.int32) * w.to(torch.int32)).sum(-1), dynamic=False)
     return {
+        **gemv_kernels,
         "fbgemm dynamic": lambda i: torch.ops.quantized.linear_dynamic(unit, gemms[i].packed, True),
         "fbgemm given qparams": lambda i: torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
             unit, scale, zero_point, gemms[i].packed
@@ -93,14 +97,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cold-gb", type=float, default=1.0, help="weight copies cycled per shape, in GB")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rows", type=int, default=1, help="rows per call (a decode step: 1)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message=".*quantize.*deprecated")  # the packing path's own warning
-    print(f"{args.model}, {args.threads} threads, {device_label(torch.device('cpu'))}")
+    print(f"{args.model}, {args.rows} row(s), {args.threads} threads, {device_label(torch.device('cpu'))}")
     print("| shape (K x N) | kernel | µs | GB/s |\n|---|---|---|---|")
     for name, (k, n) in shapes(args.model).items():
         copies = max(2, int(args.cold_gb * 1e9 // (k * n)))
-        for kernel, call in kernels(k, n, copies).items():
+        for kernel, call in kernels(k, n, copies, args.rows).items():
             us = median_us(call, copies, args.rounds)
             print(f"| {name} ({k} x {n}) | {kernel} | {us:.0f} | {k * n / us / 1e3:.1f} |", flush=True)
 

@@ -2,10 +2,12 @@
 
     python tools/step_breakdown.py qwen2.5-coder-1.5b-instruct            # compiled step
     python tools/step_breakdown.py qwen2.5-coder-1.5b-instruct --eager    # transformers' forward
+    python tools/step_breakdown.py qwen2.5-coder-1.5b-instruct --fbgemm   # fbgemm's GEMM for one row
 
 Times a runner call (one new token after `--context` cached, LM head and argmax included), then
-every int8 GEMM that call makes (the decoder's and the LM head's fbgemm packed weights, each fed
-one row plus the bounds row) back to back: the step's time if nothing but its GEMMs cost. Medians
+every int8 GEMM that call makes (the decoder's and the LM head's, each fed one row through the
+kernel the step uses: the int8 GEMV, or fbgemm's with `--fbgemm`) back to back: the step's time
+if nothing but its GEMMs cost. Medians
 of `--repeats` after 5 warm-up calls. Also the time to read the int8 weights once at the
 machine's read bandwidth (an fp32 sum over 1 GB), the floor of a step. Run it on an idle machine; prefix the AVX2 limits
 (docs/results/int8.md) to emulate an AVX2-only CPU.
@@ -14,6 +16,7 @@ machine's read bandwidth (an fp32 sum over 1 GB), the floor of a step. Run it on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -22,6 +25,7 @@ import torch
 
 from viasd_adapters.hardware import device_label
 from viasd_adapters.models import ModelSpec, load_model
+from viasd_adapters.models.int8_gemv import fbgemm_only
 from viasd_adapters.models.quantize import Int8Linear, _RowQuantGemm
 from viasd_adapters.runner import CausalLMRunner
 
@@ -59,9 +63,17 @@ def main() -> None:
     parser.add_argument("model", help="a ModelSpec name, e.g. qwen2.5-coder-0.5b-instruct")
     parser.add_argument("--eager", action="store_true", help="transformers' forward instead of the compiled step")
     parser.add_argument("--context", type=int, default=256, help="tokens cached before the timed one")
+    parser.add_argument(
+        "--fbgemm", action="store_true", help="fbgemm's GEMM for every row count (int8_gemv.fbgemm_only)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=40)
     args = parser.parse_args()
+    with fbgemm_only() if args.fbgemm else contextlib.nullcontext():
+        measure(args)
+
+
+def measure(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     loaded = load_model(ModelSpec(args.model, weights="int8", compile=not args.eager))
     runner = CausalLMRunner(loaded.model, compiled=not args.eager)
@@ -73,17 +85,17 @@ def main() -> None:
         runner.logits(ids, 1).argmax()
 
     gemms = packed_gemms(loaded.model)
-    units = [torch.randn(2, gemm.bounds.shape[1]) for gemm in gemms]
+    rows = [torch.randn(1, gemm.bounds.shape[1]) for gemm in gemms]
 
     def gemms_only() -> None:
-        for gemm, unit in zip(gemms, units):
-            torch.ops.quantized.linear_dynamic(unit, gemm.packed, True)
+        for gemm, row in zip(gemms, rows):
+            gemm(row)
 
     step_ms, gemm_ms = median_ms(step, args.repeats), median_ms(gemms_only, args.repeats)
     weight_gb = sum(gemm.out_features * gemm.bounds.shape[1] for gemm in gemms) / 1e9  # int8: a byte each
     bandwidth = read_bandwidth_gb_s()
     memory_ms = weight_gb / bandwidth * 1e3
-    path = "eager" if args.eager else "compiled"
+    path = ("eager" if args.eager else "compiled") + (", fbgemm" if args.fbgemm else ", int8 GEMV")
     print(f"{args.model} int8, {path}, {args.threads} threads, {device_label(loaded.model.device)}")
     print(f"step {step_ms:.1f} ms, its {len(gemms)} GEMMs alone {gemm_ms:.1f} ms, step / GEMMs {step_ms / gemm_ms:.2f}")
     print(

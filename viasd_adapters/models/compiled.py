@@ -5,9 +5,10 @@ The eager transformers forward spends most of a small model's CPU step on per-op
 weights through one functional decoder layer compiled by `torch.compile` (Inductor fuses the
 norms, rotary embedding, row quantisation, attention and activations into a few C++ kernels):
 
-* the int8 GEMM is one opaque custom operator (`viasd::w8a8_unit_gemm`): fbgemm's packed weights
-  are script objects Dynamo cannot trace, so the op takes them as an opaque reference object and
-  the graph never breaks; it computes exactly what `quantize._RowQuantGemm` computes;
+* the int8 GEMM is one opaque custom operator (`viasd::w8a8_gemm`): fbgemm's packed weights
+  are script objects Dynamo cannot trace, so the op takes the `quantize._RowQuantGemm` as an
+  opaque reference object and the graph never breaks; it calls that object, so it computes what
+  the eager layer computes, with the same kernel for the row count (`int8_gemv`);
 * one graph serves every layer (the layer's weights are inputs, not constants) and every row
   count above one (rows and attended length are dynamic), so a model compiles two graphs per
   buffer size: one for a one-token step, one for blocks. Graphs land in Inductor's on-disk cache
@@ -68,7 +69,7 @@ class UnsupportedModel(ValueError):
 
 # ----------------------------------------------------------------------------- the int8 operator
 class PackedGemm(OpaqueBase):
-    """fbgemm's packed int8 weight of one `_RowQuantGemm`, as an object the graph passes through."""
+    """One `_RowQuantGemm` (its packed int8 weights), as an object the graph passes through."""
 
     def __init__(self, gemm: _RowQuantGemm | None):
         self.gemm = gemm
@@ -85,24 +86,23 @@ register_opaque_type(PackedGemm, typ="reference")
 # Defined with `torch.library.Library` rather than `custom_op`: its Python wrapper costs ~20 µs a
 # call against ~8 µs here (measured), and a decode step makes five calls a layer.
 _LIBRARY = torch.library.Library("viasd", "DEF")
-_LIBRARY.define(f"w8a8_unit_gemm(Tensor unit, {get_opaque_type_name(PackedGemm)} gemm, int out_features) -> Tensor")
+_LIBRARY.define(f"w8a8_gemm(Tensor rows, {get_opaque_type_name(PackedGemm)} gemm, int out_features) -> Tensor")
 
 
-def _w8a8_unit_gemm(unit: torch.Tensor, gemm: PackedGemm, out_features: int) -> torch.Tensor:
-    """[M, K] fp32 rows scaled into [-1, 1] (with `_RowQuantGemm`'s bounds row) -> [M, N] fp32."""
-    # fbgemm reads rows as dense memory: Inductor may hand over a padded row stride.
-    return torch.ops.quantized.linear_dynamic(unit.contiguous(), gemm.gemm.packed, True)
+def _w8a8_gemm(rows: torch.Tensor, gemm: PackedGemm, out_features: int) -> torch.Tensor:
+    """[M, K] fp32 -> [M, N] fp32: `_RowQuantGemm`'s product, its kernel chosen by the row count."""
+    return gemm.gemm(rows)
 
 
-_LIBRARY.impl("w8a8_unit_gemm", _w8a8_unit_gemm, "CPU")
+_LIBRARY.impl("w8a8_gemm", _w8a8_gemm, "CPU")
 
 
-@torch.library.register_fake("viasd::w8a8_unit_gemm", lib=_LIBRARY)
-def _(unit, gemm, out_features):
-    return unit.new_empty(unit.shape[0], out_features)
+@torch.library.register_fake("viasd::w8a8_gemm", lib=_LIBRARY)
+def _(rows, gemm, out_features):
+    return rows.new_empty(rows.shape[0], out_features)
 
 
-w8a8_unit_gemm = torch.ops.viasd.w8a8_unit_gemm
+w8a8_gemm = torch.ops.viasd.w8a8_gemm
 
 # The new rows' keys and values go into the buffers through an opaque in-place op: Inductor's own
 # fused scatter into a graph input corrupted memory with dynamic row counts (torch 2.13, measured).
@@ -170,13 +170,13 @@ row_attention = torch.ops.viasd.row_attention
 # ----------------------------------------------------------------------------- weights as graph inputs
 # A projection is a tuple the graph branches on at trace time (the same structure in every layer):
 #   ("dense", weight [N, K], bias [N] | None)
-#   ("int8", N, bias [N] | None, ((PackedGemm, bounds [1, k], channels [k] | None), ...))
+#   ("int8", N, bias [N] | None, ((PackedGemm, channels [k] | None), ...))
 def _projection(module: torch.nn.Module) -> tuple:
     if isinstance(module, torch.nn.Linear):
         return ("dense", module.weight, module.bias)
     if isinstance(module, Int8Linear):
         channels = module.channels or [None] * len(module._gemms)
-        groups = tuple((PackedGemm(g), g.bounds, c) for g, c in zip(module._gemms, channels))
+        groups = tuple((PackedGemm(g), c) for g, c in zip(module._gemms, channels))
         return ("int8", module.out_features, module.bias, groups)
     raise UnsupportedModel(f"no compiled projection for {type(module).__name__}")
 
@@ -208,10 +208,8 @@ def project(x: torch.Tensor, proj: tuple) -> torch.Tensor:
     _, out_features, bias, groups = proj
     rows = x.float()
     y = None
-    for gemm, bounds, channels in groups:
-        part = rows if channels is None else rows.index_select(1, channels)
-        peak = part.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)  # [M, 1]
-        out = w8a8_unit_gemm(torch.cat([part / peak, bounds]), gemm, out_features)[:-1] * peak
+    for gemm, channels in groups:
+        out = w8a8_gemm(rows if channels is None else rows.index_select(1, channels), gemm, out_features)
         y = out if y is None else y + out
     if bias is not None:
         y = y + bias
