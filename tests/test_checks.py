@@ -196,7 +196,7 @@ def test_the_refused_framework_verifier_pairs_are_exactly_these(placeholder_prof
                 refused[framework, verifier] = str(err)
     no_verifier = {
         (framework, verifier)
-        for framework in ("ar", "ar-eager", "llama-cpp")
+        for framework in ("ar", "ar-eager", "ar-fbgemm", "llama-cpp")
         for verifier in ("tiered", "tiered-intermediate", "faster-cascade")
     }
     if importlib.util.find_spec("llama_cpp") is None:  # refused with every verifier: the extra is missing

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -10,6 +11,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from .models.compiled import decode_step
+from .models.int8_gemv import fbgemm_only
 
 if TYPE_CHECKING:  # routing/ imports this module: the slim view's type is named here only
     from .routing.slim import SlimModel
@@ -55,17 +57,21 @@ class CausalLMRunner:
         head: torch.nn.Module | None = None,
         variant: str | None = None,
         compiled: bool = True,
+        int8_gemv: bool = True,
     ):
         """`model`: a transformers causal LM, or a routed view of one (called the same way).
         `head`: scores the model's final hidden states in its place ([..., d] -> [..., N]
         logits, e.g. a `ReducedHead` over N kept ids); None: the model's own LM head (N = V).
         `variant`: what its stats say ran where it is not the run's dtype (a drafter's quantised copy).
-        `compiled`: run the model's compiled decode step when it has one (`models.compiled`)."""
+        `compiled`: run the model's compiled decode step when it has one (`models.compiled`).
+        `int8_gemv`: False runs fbgemm's GEMM for every int8 product (`models.int8_gemv`: the same
+        outputs, its speed), for comparisons."""
         self.model = model
         self.name = name
         self.head = head
         self.variant = variant
         self.step = decode_step(model) if compiled else None  # None: the eager forward
+        self._kernels = contextlib.nullcontext if int8_gemv else fbgemm_only
         self.reset()
 
     @property
@@ -114,22 +120,26 @@ class CausalLMRunner:
         start = self.cached_length
         new_ids = ids[start:]
         begin = time.perf_counter()
+        with self._kernels():
+            logits = self._forward(new_ids, num_positions)
+        if logits.device.type == "cuda":
+            torch.cuda.synchronize(logits.device)
+        self.stats.add(new_ids.numel(), time.perf_counter() - begin)
+        self.cached_ids = ids.clone()
+        return logits
+
+    def _forward(self, new_ids: torch.Tensor, num_positions: int) -> torch.Tensor:
+        """[n] ids the cache lacks -> [m, V] (or [m, N]) logits of the last m positions."""
         if self.step is not None:
             hidden = self.step(new_ids, self.cache)[-num_positions:]  # [m, H]
-            logits = (self.model.get_output_embeddings() if self.head is None else self.head)(hidden)
-        elif self.head is None:
+            return (self.model.get_output_embeddings() if self.head is None else self.head)(hidden)
+        if self.head is None:
             out = self.model(
                 input_ids=new_ids[None],
                 past_key_values=self.cache,
                 use_cache=True,
                 logits_to_keep=num_positions,
             )
-            logits = out.logits[0]  # [m, V]
-        else:
-            out = self.model.get_decoder()(input_ids=new_ids[None], past_key_values=self.cache, use_cache=True)
-            logits = self.head(out.last_hidden_state[0, -num_positions:])  # [m, N]
-        if logits.device.type == "cuda":
-            torch.cuda.synchronize(logits.device)
-        self.stats.add(new_ids.numel(), time.perf_counter() - begin)
-        self.cached_ids = ids.clone()
-        return logits
+            return out.logits[0]  # [m, V]
+        out = self.model.get_decoder()(input_ids=new_ids[None], past_key_values=self.cache, use_cache=True)
+        return self.head(out.last_hidden_state[0, -num_positions:])  # [m, N]

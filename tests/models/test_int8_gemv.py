@@ -96,3 +96,22 @@ def test_values_on_half_steps_round_as_fbgemm_does():
     with fbgemm_only():
         expected = gemm(x)
     assert torch.equal(gemm(x), expected)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_runner_without_the_gemv_runs_fbgemm_and_gets_the_same_logits(monkeypatch, compiled):
+    from viasd_adapters.models import ModelSpec, load_model
+    from viasd_adapters.runner import CausalLMRunner
+
+    model = load_model(ModelSpec("tiny-random", weights="int8", compile=compiled)).model
+    calls = []
+    gemv_call = int8_gemv.Int8Gemv.__call__
+    monkeypatch.setattr(int8_gemv.Int8Gemv, "__call__", lambda self, rows: calls.append(1) or gemv_call(self, rows))
+    ids = torch.tensor([[5, 17, 99, 3, 42, 8]])
+    logits = {}
+    for gemv in (True, False):
+        runner, calls[:] = CausalLMRunner(model, int8_gemv=gemv), []
+        runner.logits(ids[:, :-1], 1)
+        logits[gemv] = runner.logits(ids, 1)  # one new row: the GEMV's case
+        assert bool(calls) == gemv
+    assert torch.equal(logits[True], logits[False])

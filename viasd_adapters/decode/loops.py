@@ -123,10 +123,11 @@ class Decoder(ABC):
 class AutoregressiveDecoder(Decoder):
     """One target forward per token: the baseline every speedup is measured against."""
 
-    def __init__(self, target: PreTrainedModel, name: str = "target", compiled: bool = True):
-        """`compiled` False: the eager forward even where the target has a compiled step (one
-        benchmark run can then compare the two paths on the same loaded model)."""
-        self.runner = CausalLMRunner(target, name, compiled=compiled)
+    def __init__(self, target: PreTrainedModel, name: str = "target", compiled: bool = True, int8_gemv: bool = True):
+        """`compiled` False: the eager forward even where the target has a compiled step; `int8_gemv`
+        False: fbgemm's GEMM for every int8 product. One benchmark run can then compare the paths
+        on the same loaded model."""
+        self.runner = CausalLMRunner(target, name, compiled=compiled, int8_gemv=int8_gemv)
 
     def generate(self, input_ids, max_new_tokens, sampling=None, stop_token_ids=(), streamer=None):
         sampler = Sampler(sampling or SamplingConfig(), self.runner.device)
