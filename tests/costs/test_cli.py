@@ -95,3 +95,17 @@ def test_the_profile_considers_a_head_only_with_its_measured_acceptance(tmp_path
     candidate = eagle_candidate("tiny-random", str(_head_with_recipe(tmp_path, measured)))
     assert candidate.acceptance.rate(1, 0, prior=0) == 0.7 and candidate.key.startswith("tiny-random+eagle:")
     assert eagle_candidate("tiny-random", None) is None
+
+
+def test_a_profile_of_an_older_format_is_measured_again(tmp_path, caplog):
+    import json
+
+    from viasd_adapters.cli.profile import _cached_profile
+
+    path = tmp_path / "profile.json"
+    profile_of({("tiny-random", "float32"): {1: 10.0}}, threads=2).save(path)
+    assert _cached_profile(path, "cpu") is not None
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "format": data["format"] - 1}))
+    assert _cached_profile(path, "cpu") is None
+    assert "measuring it again" in caplog.text

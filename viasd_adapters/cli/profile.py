@@ -67,11 +67,20 @@ def pair_loader(model_pair: DictConfig):
     return lambda name, precision, device: load_in(specs[name], precision, device).model
 
 
+def _cached_profile(path: Path, device: str) -> LatencyProfile | None:
+    """The profile at `path`, or None (logged) when it is of an older format: measured anew and replaced."""
+    try:
+        return load_profile(path, device)
+    except ValueError as err:
+        logger.warning("%s; measuring it again", err)
+        return None
+
+
 def ensure_profile(cfg: DictConfig, grid: ProfileGrid, path: Path, load=None) -> tuple[LatencyProfile, list[str], bool]:
     """The cached profile at `path` after measuring what the pair's choice needs of `grid` and it
     lacks (`costs.measure_for_choice`), the target precisions left to choose among, and whether
     anything was measured."""
-    cached = None if cfg.remeasure or not path.exists() else load_profile(path, cfg.runtime.device)
+    cached = None if cfg.remeasure or not path.exists() else _cached_profile(path, cfg.runtime.device)
     pair = cfg.model_pair
     profile, dtypes = measure_for_choice(
         cached, grid, pair.draft.name, pair.target.name, cfg.acceptance, cfg.context, cfg.runtime.device, load,
