@@ -3,6 +3,7 @@
     python tools/step_breakdown.py qwen2.5-coder-1.5b-instruct            # compiled step
     python tools/step_breakdown.py qwen2.5-coder-1.5b-instruct --eager    # transformers' forward
     python tools/step_breakdown.py qwen2.5-coder-1.5b-instruct --fbgemm   # fbgemm's GEMM for one row
+    python tools/step_breakdown.py qwen2.5-coder-0.5b-instruct --draft-vocabulary qwen2.5-coder-0.5b-instruct-32768
 
 Times a runner call (one new token after `--context` cached, LM head and argmax included), then
 every int8 GEMM that call makes (the decoder's and the LM head's, each fed one row through the
@@ -27,6 +28,7 @@ from viasd_adapters.hardware import device_label
 from viasd_adapters.models import ModelSpec, load_model
 from viasd_adapters.models.int8_gemv import fbgemm_only
 from viasd_adapters.models.quantize import Int8Linear, _RowQuantGemm
+from viasd_adapters.models.vocab import DraftVocabulary, ReducedHead
 from viasd_adapters.runner import CausalLMRunner
 
 
@@ -66,6 +68,9 @@ def main() -> None:
     parser.add_argument(
         "--fbgemm", action="store_true", help="fbgemm's GEMM for every row count (int8_gemv.fbgemm_only)"
     )
+    parser.add_argument(
+        "--draft-vocabulary", help="score only this DraftVocabulary's ids (a drafter's reduced LM head, FR-Spec)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=40)
     args = parser.parse_args()
@@ -76,7 +81,9 @@ def main() -> None:
 def measure(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     loaded = load_model(ModelSpec(args.model, weights="int8", compile=not args.eager))
-    runner = CausalLMRunner(loaded.model, compiled=not args.eager)
+    model = loaded.model
+    head = ReducedHead(model, DraftVocabulary.load(args.draft_vocabulary)) if args.draft_vocabulary else None
+    runner = CausalLMRunner(model, compiled=not args.eager, head=head)
     ids = torch.randint(100, 20000, (1, args.context + 1), generator=torch.Generator().manual_seed(0))
     runner.logits(ids[:, :-1], 1)
 
@@ -84,7 +91,7 @@ def measure(args: argparse.Namespace) -> None:
         runner.crop(args.context)
         runner.logits(ids, 1).argmax()
 
-    gemms = packed_gemms(loaded.model)
+    gemms = packed_gemms(model.get_decoder()) + packed_gemms(head or model.get_output_embeddings())
     rows = [torch.randn(1, gemm.bounds.shape[1]) for gemm in gemms]
 
     def gemms_only() -> None:
@@ -96,6 +103,8 @@ def measure(args: argparse.Namespace) -> None:
     bandwidth = read_bandwidth_gb_s()
     memory_ms = weight_gb / bandwidth * 1e3
     path = ("eager" if args.eager else "compiled") + (", fbgemm" if args.fbgemm else ", int8 GEMV")
+    if head is not None:
+        path += f", {head.token_ids.numel()}-id head"
     print(f"{args.model} int8, {path}, {args.threads} threads, {device_label(loaded.model.device)}")
     print(f"step {step_ms:.1f} ms, its {len(gemms)} GEMMs alone {gemm_ms:.1f} ms, step / GEMMs {step_ms / gemm_ms:.2f}")
     print(

@@ -58,8 +58,8 @@ ATTENTION_ALIGN = 64  # attended length rounded up to this (whole SIMD vectors, 
 
 
 def attended_length(keys: int, capacity: int) -> int:
-    """The key slots a row with `keys` keys reads: rounded up to ATTENTION_ALIGN, within `capacity`.
-    A block reads its last row's; each of its rows, like its one-token step, its own."""
+    """The width of the attention mask of a block whose last row has `keys` keys: rounded up to
+    ATTENTION_ALIGN, within `capacity` (fewer graph shapes). Each row reads exactly its own keys."""
     return min(-(-keys // ATTENTION_ALIGN) * ATTENTION_ALIGN, capacity)
 
 
@@ -127,33 +127,29 @@ kv_write = torch.ops.viasd.kv_write
 
 # Attention itself runs eagerly, as one opaque op: Inductor's kernels summed a draft tree's rows
 # (each reading its own path, gathered) in another order than a one-token step's, and the
-# tree's tokens parted from int8 AR's. Each row is its own pair of matmuls with exactly a one-token
-# step's shapes: batched over rows, MKL chose other kernels by batch size (natively, 8 key-value
-# heads, 2048 keys), and over the block's longer attended length (zeros past the row's keys) it
-# split the value sum's reduction otherwise past about 200 keys; either way a block's rows parted
-# from their steps. Row by row, at the row's own length, nothing depends on the block.
+# tree's tokens parted from int8 AR's. Each row is its own attention call with exactly a one-token
+# step's shapes, over exactly its own keys: batched over rows, MKL chose other kernels by batch size
+# (natively, 8 key-value heads, 2048 keys), and over the block's longer length (zeros past the row's
+# keys, masked) it split the value sum otherwise past about 200 keys; either way a block's rows
+# parted from their steps. Row by row, over the row's own keys, nothing depends on the block. The
+# call is torch's fused CPU attention (one op; scores, softmax and values as separate ops cost
+# about twice as much at 256 keys, measured).
 _LIBRARY.define("row_attention(Tensor q, Tensor keys, Tensor values, Tensor mask, Tensor? order) -> Tensor")
 
 
 def _row_attention(q, keys, values, mask, order):
-    """q [n, Hkv, G, D] fp32; keys, values [Hkv, S, D]; mask [n, A] bool; order [n, A] long or
+    """q [n, Hkv, G, D] fp32; keys, values [Hkv, S, D]; mask [n, A] bool, each row a prefix of
+    Trues (its keys: positions 0.. with `order` None, else its gathered slots); order [n, A] long or
     None (see `decoder_layer`) -> [n, Hkv, G, D] fp32."""
-    A, D = mask.shape[1], q.shape[-1]
-    if q.shape[0] == 1 and order is None:
-        lengths = [A]  # a one-token step: the block's length is the step's
-    else:  # the length the one-token step of each row's token attends over (`DecodeStep._block`)
-        lengths = [attended_length(count, A) for count in mask.sum(1).tolist()]
-    shared = (keys[:, :A].float(), values[:, :A].float()) if order is None else None
+    counts = mask.sum(1).tolist()
     rows = []
-    for j, length in enumerate(lengths):
-        if shared is not None:
-            K, V = shared[0][:, :length], shared[1][:, :length]
+    for j, count in enumerate(counts):
+        if order is None:
+            K, V = keys[:, :count], values[:, :count]  # [Hkv, count, D]
         else:
-            K, V = keys[:, order[j, :length]].float(), values[:, order[j, :length]].float()  # [Hkv, A_j, D]
-        scores = torch.matmul(q[j], K.transpose(-1, -2)).div_(math.sqrt(D))  # [Hkv, G, A_j]
-        scores.masked_fill_(~mask[j, :length], float("-inf"))
-        rows.append(torch.matmul(torch.softmax(scores, dim=-1), V))  # [Hkv, G, D]
-    return torch.stack(rows)
+            K, V = keys[:, order[j, :count]], values[:, order[j, :count]]
+        rows.append(F.scaled_dot_product_attention(q[j, None], K[None].float(), V[None].float()))
+    return torch.cat(rows)
 
 
 _LIBRARY.impl("row_attention", _row_attention, "CPU")
@@ -266,7 +262,7 @@ def decoder_layer(
         keys, values: [Hkv, S, D] this layer's buffers.
         write: [n] long, the buffer positions the rows' keys and values go to.
         mask: [n, A] bool, True where row j attends to position s (A <= S, a multiple of ATTENTION_ALIGN);
-            with `order`, to the s-th of its gathered positions.
+            with `order`, to the s-th of its gathered positions. Each row is a prefix of Trues.
         order: [n, A] long or None: the buffer positions row j reads, gathered (a draft tree's rows
             each read their own path); None: positions 0..A-1, shared by every row.
     Returns:
