@@ -30,7 +30,7 @@ def test_the_kernel_is_built_here():
 @pytest.mark.parametrize("k, n", [(896, 1152), (1536, 2048), (8960, 96), (100, 37), (33, 5), (31, 4)])
 def test_bitwise_fbgemm_at_every_row_count(k, n):
     gemm = _RowQuantGemm(torch.randn(n, k, generator=torch.Generator().manual_seed(k)) * 0.05)
-    for m in range(1, GEMV_MAX_ROWS + 1):
+    for m in range(1, 14):  # the kernel takes any row count; the layers give it GEMV_MAX_ROWS
         x = _rows(m, k, seed=m)
         if m == 3:
             x[1] = 0  # an all-zero row: its maximum is clamped, its output zero
