@@ -5,6 +5,7 @@ import json
 import pytest
 
 from viasd_adapters.costs import CostModel, LatencyEntry, LatencyProfile, load_profile
+from viasd_adapters.costs.profile import FORMAT
 
 from .profiles import INTEL, D, T, profile_of
 
@@ -45,7 +46,7 @@ def test_merge_save_and_load(tmp_path):
     path = merged.save(tmp_path / "p" / "cpu.json")
     loaded = load_profile(path)
     assert loaded.entries == merged.entries and loaded.model_layers == merged.model_layers
-    assert json.loads(path.read_text())["format"] == 1
+    assert json.loads(path.read_text())["format"] == FORMAT
     with pytest.raises(FileNotFoundError, match="viasd-profile"):
         load_profile(tmp_path / "missing.json")
 
