@@ -30,8 +30,9 @@ from ..models.offline import cache_root
 logger = logging.getLogger(__name__)
 
 # Bump when an entry's meaning changes; older files are then measured again. 2: int8 steps on the
-# int8 GEMV (models.int8_gemv), up to 1.5x faster than the fbgemm steps format 1 recorded.
-FORMAT = 2
+# int8 GEMV (models.int8_gemv), up to 1.5x faster than the fbgemm steps format 1 recorded; 3: int8
+# verify blocks of 3-4 rows on the GEMV too.
+FORMAT = 3
 
 
 def profile_dir() -> Path:

@@ -42,9 +42,11 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("int8_gemv.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
-# Rows up to which the kernel is at least level with fbgemm's GEMM (tools/gemm_kernels.py, AVX2,
-# 2 threads: one row 1.2-1.5x, two 0.97-1.3x, three 0.92-1.04x); the C side allows 64.
-GEMV_MAX_ROWS = 2
+# Rows up to which the kernel beats fbgemm's GEMM over a layer's products (2 threads, weights read
+# from memory; docs/results/compiled.md): on a Zen 3 1.24 / 1.23 / 1.20 / 1.15x for 1-4 rows and
+# 0.94x for 6 (the 1.5B's layer); on the AVX2-emulated Xeon 1.2-1.5x one row, 0.92-1.04x three.
+# The C side allows 64.
+GEMV_MAX_ROWS = 4
 
 _enabled: contextvars.ContextVar[bool] = contextvars.ContextVar("viasd_int8_gemv", default=True)
 
