@@ -1,10 +1,12 @@
 """`viasd-profile`: the demo decodes with the chosen configuration beside greedy AR, and its report."""
 
+import json
+
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from viasd_adapters.cli.profile import Decoded, ProfileOutcome, decode_both, report
+from viasd_adapters.cli.profile import Decoded, ProfileOutcome, _cached_profile, decode_both, report
 from viasd_adapters.configs import CONFIG_DIR
 from viasd_adapters.costs import Choice, LatencyProfile
 from viasd_adapters.decode import DecodeStats, GenerationResult
@@ -97,11 +99,7 @@ def test_the_profile_considers_a_head_only_with_its_measured_acceptance(tmp_path
     assert eagle_candidate("tiny-random", None) is None
 
 
-def test_a_profile_of_an_older_format_is_measured_again(tmp_path, caplog):
-    import json
-
-    from viasd_adapters.cli.profile import _cached_profile
-
+def test_a_profile_of_an_older_format_or_unreadable_is_measured_again(tmp_path, caplog):
     path = tmp_path / "profile.json"
     profile_of({("tiny-random", "float32"): {1: 10.0}}, threads=2).save(path)
     assert _cached_profile(path, "cpu") is not None
@@ -109,3 +107,6 @@ def test_a_profile_of_an_older_format_is_measured_again(tmp_path, caplog):
     path.write_text(json.dumps({**data, "format": data["format"] - 1}))
     assert _cached_profile(path, "cpu") is None
     assert "measuring it again" in caplog.text
+    path.write_text(path.read_text()[:20])  # cut off mid-write
+    assert _cached_profile(path, "cpu") is None
+    assert f"{path} is not a readable profile" in caplog.text

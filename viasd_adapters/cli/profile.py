@@ -68,7 +68,8 @@ def pair_loader(model_pair: DictConfig):
 
 
 def _cached_profile(path: Path, device: str) -> LatencyProfile | None:
-    """The profile at `path`, or None (logged) when it is of an older format: measured anew and replaced."""
+    """The profile at `path`, or None (logged) when it is of an older format or unreadable: it is
+    then measured anew and replaced."""
     try:
         return load_profile(path, device)
     except ValueError as err:

@@ -209,7 +209,10 @@ def load_profile(path: str | Path | None = None, device: str = "cpu") -> Latency
             f"no latency profile at {path}: measure it once with `viasd-profile` (a few minutes;"
             " it is cached for later runs)"
         )
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not a readable profile ({err}): delete it and run viasd-profile again") from err
     if "entries" not in data:  # e.g. the fitted lines an older viasd-costmodel wrote
         raise ValueError(
             f"{path} holds no measured entries (an older profile format): measure it again with"
