@@ -10,15 +10,15 @@ norms, rotary embedding, row quantisation, attention and activations into a few 
   opaque reference object and the graph never breaks; it calls that object, so it computes what
   the eager layer computes, with the same kernel for the row count (`int8_gemv`);
 * one graph serves every layer (the layer's weights are inputs, not constants) and every row
-  count above one (rows and attended length are dynamic), so a model compiles two graphs per
+  count above one (rows and a tree's gathered length are dynamic), so a model compiles two graphs per
   buffer size: one for a one-token step, one for blocks. Graphs land in Inductor's on-disk cache
   (`inductor_cache_dir`);
 * keys and values live in preallocated buffers (`StaticKV`), written in place at the new rows'
-  positions by a second opaque operator (`viasd::kv_write`); rolling back is lowering a length;
-* attention is computed row by row as reductions whose shape does not depend on the block: a
-  block's row j sees exactly the keys the one-token step at its position sees, with the same
-  arithmetic, so a verify block reproduces the steps it replaces (tests/models/test_compiled.py).
-  A row's keys are given by a boolean mask, so a draft tree (EAGLE) is a mask, not another path.
+  positions by the attention's opaque operator (`viasd::attend`); rolling back is lowering a length;
+* attention is computed row by row with shapes that do not depend on the block: a block's row j
+  sees exactly the keys the one-token step at its position sees, with the same arithmetic, so a
+  verify block reproduces the steps it replaces (tests/models/test_compiled.py). A row's keys are
+  a count, over gathered positions for a draft tree (EAGLE): a tree is an order, not another path.
 
 Supported: Llama, Qwen2, and Mistral without sliding windows, in fp32, bf16 or the project's int8. Anything else raises `UnsupportedModel`, and callers fall
 back to eager with a log line.
@@ -58,8 +58,8 @@ ATTENTION_ALIGN = 64  # attended length rounded up to this (whole SIMD vectors, 
 
 
 def attended_length(keys: int, capacity: int) -> int:
-    """The width of the attention mask of a block whose last row has `keys` keys: rounded up to
-    ATTENTION_ALIGN, within `capacity` (fewer graph shapes). Each row reads exactly its own keys."""
+    """The width of a draft tree's gathered positions when its last row has `keys` keys: rounded up
+    to ATTENTION_ALIGN, within `capacity` (fewer graph shapes). Each row reads exactly its own keys."""
     return min(-(-keys // ATTENTION_ALIGN) * ATTENTION_ALIGN, capacity)
 
 
@@ -104,63 +104,51 @@ def _(rows, gemm, out_features):
 
 w8a8_gemm = torch.ops.viasd.w8a8_gemm
 
-# The new rows' keys and values go into the buffers through an opaque in-place op: Inductor's own
-# fused scatter into a graph input corrupted memory with dynamic row counts (torch 2.13, measured).
-_LIBRARY.define("kv_write(Tensor(a!) keys, Tensor(b!) values, Tensor write, Tensor k, Tensor v) -> ()")
+# Attention runs eagerly, as one opaque op that first stores the new rows' keys and values in
+# the buffers (Inductor's own fused scatter into a graph input corrupted memory with dynamic row
+# counts, torch 2.13, measured). Inductor's kernels summed a draft tree's rows (each reading its
+# own path, gathered) in another order than a one-token step's, and the tree's tokens parted from
+# int8 AR's. Each row is its own attention call with exactly a one-token step's shapes, over
+# exactly its own keys: batched over rows, MKL chose other kernels by batch size (natively, 8
+# key-value heads, 2048 keys), and over the block's longer length (zeros past the row's keys,
+# masked) it split the value sum otherwise past about 200 keys; either way a block's rows parted
+# from their steps. Row by row, over the row's own keys, nothing depends on the block. The call is
+# torch's fused CPU attention (one op; scores, softmax and values as separate ops cost about twice
+# as much at 256 keys, measured). One op for the write and the attention, and key counts given
+# rather than summed from a mask, because every op call costs Python: 100 µs less a layer call
+# than a write op and a mask-reading attention op (0.5B int8 on a Zen 3, profiler).
+_LIBRARY.define(
+    "attend(Tensor(a!) keys, Tensor(b!) values, Tensor write, Tensor k, Tensor v, Tensor q, Tensor counts,"
+    " Tensor? order) -> Tensor"
+)
 
 
-def _kv_write(keys: torch.Tensor, values: torch.Tensor, write: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """keys, values [Hkv, S, D]; write [n] positions; k, v [Hkv, n, D]."""
-    keys[:, write] = k
-    values[:, write] = v
-
-
-_LIBRARY.impl("kv_write", _kv_write, "CPU")
-
-
-@torch.library.register_fake("viasd::kv_write", lib=_LIBRARY)
-def _(keys, values, write, k, v):
-    return None
-
-
-kv_write = torch.ops.viasd.kv_write
-
-# Attention itself runs eagerly, as one opaque op: Inductor's kernels summed a draft tree's rows
-# (each reading its own path, gathered) in another order than a one-token step's, and the
-# tree's tokens parted from int8 AR's. Each row is its own attention call with exactly a one-token
-# step's shapes, over exactly its own keys: batched over rows, MKL chose other kernels by batch size
-# (natively, 8 key-value heads, 2048 keys), and over the block's longer length (zeros past the row's
-# keys, masked) it split the value sum otherwise past about 200 keys; either way a block's rows
-# parted from their steps. Row by row, over the row's own keys, nothing depends on the block. The
-# call is torch's fused CPU attention (one op; scores, softmax and values as separate ops cost
-# about twice as much at 256 keys, measured).
-_LIBRARY.define("row_attention(Tensor q, Tensor keys, Tensor values, Tensor mask, Tensor? order) -> Tensor")
-
-
-def _row_attention(q, keys, values, mask, order):
-    """q [n, Hkv, G, D] fp32; keys, values [Hkv, S, D]; mask [n, A] bool, each row a prefix of
-    Trues (its keys: positions 0.. with `order` None, else its gathered slots); order [n, A] long or
-    None (see `decoder_layer`) -> [n, Hkv, G, D] fp32."""
-    counts = mask.sum(1).tolist()
+def _attend(keys, values, write, k, v, q, counts, order):
+    """keys, values [Hkv, S, D]: the buffers, written in place; write [n] long: the positions the
+    new rows' k, v [Hkv, n, D] go to; q [n, Hkv, G, D] fp32; counts [n] long: how many keys row j
+    reads, positions 0.. with `order` None, else its gathered slots order[j, :count] (see
+    `decoder_layer`); order [n, A] long or None -> [n, Hkv, G, D] fp32."""
+    keys.index_copy_(1, write, k)
+    values.index_copy_(1, write, v)
     rows = []
-    for j, count in enumerate(counts):
+    for j, count in enumerate(counts.tolist()):
         if order is None:
             K, V = keys[:, :count], values[:, :count]  # [Hkv, count, D]
         else:
             K, V = keys[:, order[j, :count]], values[:, order[j, :count]]
         rows.append(F.scaled_dot_product_attention(q[j, None], K[None].float(), V[None].float()))
-    return torch.cat(rows)
+    return rows[0] if len(rows) == 1 else torch.cat(rows)
 
 
-_LIBRARY.impl("row_attention", _row_attention, "CPU")
+_LIBRARY.impl("attend", _attend, "CPU")
 
 
-@torch.library.register_fake("viasd::row_attention", lib=_LIBRARY)
-def _(q, keys, values, mask, order):
+@torch.library.register_fake("viasd::attend", lib=_LIBRARY)
+def _(keys, values, write, k, v, q, counts, order):
     return torch.empty_like(q)
 
 
-row_attention = torch.ops.viasd.row_attention
+attend = torch.ops.viasd.attend
 
 
 # ----------------------------------------------------------------------------- weights as graph inputs
@@ -245,7 +233,7 @@ def decoder_layer(
     keys: torch.Tensor | None,
     values: torch.Tensor | None,
     write: torch.Tensor,
-    mask: torch.Tensor,
+    counts: torch.Tensor,
     weights: dict,
     shape: LayerShape,
     attention: bool = True,
@@ -261,22 +249,23 @@ def decoder_layer(
         cos, sin: [n, D] rotary tables of the rows' positions.
         keys, values: [Hkv, S, D] this layer's buffers.
         write: [n] long, the buffer positions the rows' keys and values go to.
-        mask: [n, A] bool, True where row j attends to position s (A <= S, a multiple of ATTENTION_ALIGN);
-            with `order`, to the s-th of its gathered positions. Each row is a prefix of Trues.
+        counts: [n] long, how many keys row j attends to: positions 0..counts[j]-1, or with `order`
+            its first counts[j] gathered positions.
         order: [n, A] long or None: the buffer positions row j reads, gathered (a draft tree's rows
-            each read their own path); None: positions 0..A-1, shared by every row.
+            each read their own path; A <= S, a multiple of ATTENTION_ALIGN); None: positions in
+            sequence order, shared by every row.
     Returns:
         [n, H] hidden states leaving the layer.
     """
     if attention:
-        h = _attention_block(h, cos, sin, keys, values, write, mask, weights, shape, order)
+        h = _attention_block(h, cos, sin, keys, values, write, counts, weights, shape, order)
     if mlp:
         h = _mlp_block(h, weights, shape)
     return h
 
 
 def _attention_block(
-    h, cos, sin, keys, values, write, mask, weights: dict, shape: LayerShape, order=None
+    h, cos, sin, keys, values, write, counts, weights: dict, shape: LayerShape, order=None
 ) -> torch.Tensor:
     n = h.shape[0]
     Hq, Hkv, D = shape.q_heads, shape.kv_heads, shape.head_dim
@@ -288,8 +277,16 @@ def _attention_block(
     cos, sin = cos[:, None, :], sin[:, None, :]
     q = _rotate(q.view(n, Hq, D), cos, sin)  # [n, Hq, D]
     k = _rotate(k.view(n, Hkv, D), cos, sin)  # [n, Hkv, D]
-    kv_write(keys, values, write, k.transpose(0, 1).to(keys.dtype), v.view(n, Hkv, D).transpose(0, 1).to(values.dtype))
-    out = row_attention(q.view(n, Hkv, Hq // Hkv, D).float(), keys, values, mask, order)  # [n, Hkv, G, D]
+    out = attend(
+        keys,
+        values,
+        write,
+        k.transpose(0, 1).to(keys.dtype),
+        v.view(n, Hkv, D).transpose(0, 1).to(values.dtype),
+        q.view(n, Hkv, Hq // Hkv, D).float(),
+        counts,
+        order,
+    )  # [n, Hkv, G, D]
     return h + project(out.reshape(n, Hq * D).to(h.dtype), weights["o"])
 
 
@@ -346,7 +343,7 @@ class StaticKV:
                 if layer in store:
                     grown[:, : self.capacity] = store[layer]
                 # Static: one graph per capacity (a symbolic buffer length was where Inductor's
-                # fused key / value scatter corrupted memory before `kv_write`; not retried).
+                # fused key / value scatter corrupted memory before the opaque write; not retried).
                 _static(grown)
                 store[layer] = grown
         self.capacity = capacity
@@ -463,17 +460,17 @@ class DecodeStep:
     ) -> torch.Tensor:
         n, start = ids.shape[0], cache.length
         write = torch.arange(start, start + n, device=cache.device)
-        full = torch.zeros(n, attended_length(start + n, cache.capacity), dtype=torch.bool, device=cache.device)
         order = None
         if mask is None:
-            full[:, : start + n] = torch.arange(start + n, device=cache.device)[None, :] <= write[:, None]
+            counts = write + 1
         else:
+            full = torch.zeros(n, attended_length(start + n, cache.capacity), dtype=torch.bool, device=cache.device)
             full[:, : start + n] = mask[:, : start + n]
+            counts = full.sum(1)
             # Each row reads its keys in sequence order from slot 0 on (the prefix, its ancestors,
             # itself), where the one-token step of its token finds them: over a tree's scattered
             # slots the attention sums ran in another order and rounded differently.
             order = torch.argsort((~full).to(torch.uint8), dim=1, stable=True)  # [n, A]: attended slots first
-            full = torch.arange(full.shape[1], device=cache.device)[None, :] < full.sum(1, keepdim=True)
         h = self.body.embed_tokens(ids)  # [n, H]
         cos, sin = self.body.rotary_emb(h[None], positions[None])  # [1, n, D] each
         cos, sin = cos[0].to(h.dtype), sin[0].to(h.dtype)
@@ -483,12 +480,11 @@ class DecodeStep:
             # in the width, which decoded garbage on EAGLE's tree rows (the 1.5B after the 0.5B).
             for t in (h, cos, sin):
                 _static(t, dims=(1,))
-            # maybe_: a length equal to the buffer's (EAGLE's small buffers) may specialise instead
-            torch._dynamo.maybe_mark_dynamic(full, 1)
             if order is not None:
+                # maybe_: a length equal to the buffer's (EAGLE's small buffers) may specialise instead
                 torch._dynamo.maybe_mark_dynamic(order, 1)
             if n > 1:
-                for t in (h, cos, sin, write, full) + (() if order is None else (order,)):
+                for t in (h, cos, sin, write, counts) + (() if order is None else (order,)):
                     torch._dynamo.maybe_mark_dynamic(t, 0)
         for i, attention, mlp in self.plan:
             h = self._layer(
@@ -498,7 +494,7 @@ class DecodeStep:
                 cache.keys.get(i),
                 cache.values.get(i),
                 write,
-                full,
+                counts,
                 self.weights[i],
                 self.shape,
                 attention,
