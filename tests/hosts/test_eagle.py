@@ -591,6 +591,17 @@ def test_kv_buffers_keep_moves_the_accepted_path():
     assert kv.caches[1][0].data[0, 0, 4:7, 0].tolist() == [4.0, 7.0, 9.0]
 
 
+def test_kv_buffers_share_no_storage():
+    """The compiled step writes a layer's keys and values in place: were they views of one tensor
+    (eagle-llm's layout), torch.compile would copy that storage in and out around every layer call."""
+    config = transformers.LlamaConfig(
+        num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1, hidden_size=8, intermediate_size=8
+    )
+    kv = KVBuffers(config, [0, 2], max_length=16, dtype=torch.float32, device="cpu")
+    storages = {p.data.untyped_storage().data_ptr() for pair in kv.caches if pair is not None for p in pair}
+    assert len(storages) == 4
+
+
 def test_transformers_base_features_match_the_model(tiny_pair):
     model = _target(tiny_pair)
     base = TransformersEagleBase(model)

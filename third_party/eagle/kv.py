@@ -3,10 +3,14 @@
 eagle-llm 1.2.1 keeps one preallocated tensor per device for all layers' keys and values
 (`kv_cache.initialize_past_key_values`) and hands its models a list, one `[key, value]` pair of
 `KVCache` objects per decoder layer; `utils.update_inference_inputs` compacts the accepted tree
-path by copying buffer positions and resetting every current length. `KVBuffers` is the same
-layout for any subset of layers (a slim view keeps only the layers it attends with), with the
-length sized by the caller instead of `max_position_embeddings`, so its `data` and `lengths`
-can be passed to eagle-llm's own `update_inference_inputs`.
+path by copying buffer positions in every tensor of a list and resetting every current length.
+`KVBuffers` is the same interface for any subset of layers (a slim view keeps only the layers it
+attends with), with the length sized by the caller instead of `max_position_embeddings`, so its
+`tensors` and `lengths` can be passed to eagle-llm's own `update_inference_inputs`. Each key and
+each value buffer is a tensor of its own: the compiled decode step writes a layer's keys and
+values in place, and when two graph inputs view one storage, torch.compile copies that storage
+in and out around every layer call (2 x 4 MB a layer call of Qwen2.5-Coder-1.5B at 2048
+positions).
 """
 
 from __future__ import annotations
@@ -37,12 +41,14 @@ class KVBuffers:
         H_kv = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
         self.layers = tuple(layers)
         self.max_length = int(max_length)
-        # [2 * L', 1, H_kv, S, D] and one length per key / value buffer, on the CPU as eagle-llm keeps it
-        self.data = torch.zeros(2 * len(layers), 1, H_kv, self.max_length, head_dim(config), dtype=dtype, device=device)
+        # 2 L' buffers [1, H_kv, S, D] (layer j's key, then its value) and one length each, the
+        # lengths on the CPU as eagle-llm keeps them
+        shape = (1, H_kv, self.max_length, head_dim(config))
+        self.tensors = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(2 * len(layers))]
         self.lengths = torch.zeros(2 * len(layers), dtype=torch.long)
         self.caches: list[list[KVCache] | None] = [None] * L
         for j, i in enumerate(layers):
-            self.caches[i] = [KVCache(self.data[2 * j + k], self.lengths[2 * j + k]) for k in range(2)]
+            self.caches[i] = [KVCache(self.tensors[2 * j + k], self.lengths[2 * j + k]) for k in range(2)]
 
     @property
     def length(self) -> int:
@@ -63,9 +69,10 @@ class KVBuffers:
         The compaction of eagle-llm's `update_inference_inputs`: the accepted tree path replaces the
         whole tree.
         """
-        src = positions.to(self.data.device)
+        src = positions.to(self.tensors[0].device)
         n = src.numel()
-        self.data[..., start : start + n, :] = self.data[..., src, :]
+        for buffer in self.tensors:
+            buffer[..., start : start + n, :] = buffer[..., src, :]
         self.lengths.fill_(start + n)
 
     def room(self, n: int) -> None:

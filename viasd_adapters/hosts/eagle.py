@@ -192,7 +192,7 @@ class EagleJudge(TreeJudge):
             logits,
             g.head_out,
             0,
-            [g.full.data],
+            g.full.tensors,
             g.full.lengths,
             ea,
             None,
