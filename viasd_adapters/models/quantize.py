@@ -166,7 +166,7 @@ class _RowQuantGemm:
         self.out_features = qweight.shape[0]
         self.bounds = torch.zeros(1, qweight.shape[1])
         self.bounds[0, 0], self.bounds[0, -1] = 1.0, -1.0
-        # Reads the int8 weight the packed object keeps for unpacking, so it costs no copy.
+        # The GEMV keeps an unpacked copy of the int8 weight (int8_gemv.py says what it costs).
         self.gemv = gemv_for(self.quantized_weight())
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
