@@ -1,4 +1,5 @@
-"""The real Qwen2.5-Coder 0.5B -> 1.5B pair (offline PyPI packages), in the default run.
+"""The real Qwen2.5-Coder 0.5B -> 1.5B pair (offline PyPI packages): the int8 test in the default
+run, the fp32 ones with `-m slow`.
 
 VIASD_TEST_DEVICE=cuda runs them on a GPU (tools/gpu_check.sh does)."""
 
@@ -10,7 +11,6 @@ from hydra.utils import instantiate
 
 from tests.test_configs import compose_generate as _compose_generate
 from viasd_adapters.cli.generate import run
-from viasd_adapters.models import load_model
 from viasd_adapters.models.compiled import decode_step
 from viasd_adapters.pipeline import Pipeline, build_decoder, load_pair
 from viasd_adapters.runner import CausalLMRunner
@@ -35,6 +35,7 @@ def ar_output():
     return run(compose_generate(PROMPT, "framework=ar", "max_new_tokens=32"))
 
 
+@pytest.mark.slow  # the default run must stay under 15 min (pyproject.toml)
 @pytest.mark.parametrize("framework", ["sd", "sd-adaptive-int8"])  # the latter: adaptive K, int8-weight drafter
 def test_greedy_sd_is_token_identical_to_ar_fp32(ar_output, framework):
     text, ar = ar_output
@@ -45,6 +46,7 @@ def test_greedy_sd_is_token_identical_to_ar_fp32(ar_output, framework):
     assert sd.stats.model_calls["target"].calls < ar.stats.model_calls["target"].calls
 
 
+@pytest.mark.slow  # the default run must stay under 15 min (pyproject.toml)
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -78,19 +80,17 @@ def test_greedy_sd_lookup_and_eagle_on_the_int8_target_reproduce_int8_ar():
     assert 0 < sd.stats.accepted < sd.stats.drafted
     assert 0 < eagle.stats.accepted < eagle.stats.drafted
     # runtime.compile=auto compiled both models (int8, >= 100M parameters). The eager transformers
-    # forward of the same int8 weights (runtime.compile=false) rounds attention and norms its own
-    # way, which int8's per-row activation scales amplify: teacher-forced on the compiled AR's tokens,
-    # the two pick the same token wherever eager's top-2 margin exceeds LOGIT_TOLERANCE, and the
-    # chosen token's logit moves by less than it (measured: 0.91 agreement, moves up to 1.4).
+    # forward of the same int8 weights (a runner with compiled=False, what runtime.compile=false
+    # gives) rounds attention and norms its own way, which int8's per-row activation scales amplify:
+    # teacher-forced on the compiled AR's tokens, the two pick the same token wherever eager's top-2
+    # margin exceeds LOGIT_TOLERANCE, and the chosen token's logit moves by less than it (measured:
+    # 0.91 agreement, moves up to 1.4).
     assert decode_step(pair.target.model) is not None and decode_step(pair.draft.model) is not None
-    eager_cfg = compose_generate(PROMPT, "framework=ar", "runtime.compile=false", *int8)
-    eager = load_model(instantiate(eager_cfg.model_pair.target))
-    assert decode_step(eager.model) is None
-    prompt = Pipeline(None, pair, True).encode(eager_cfg.prompt)
+    prompt = Pipeline(None, pair, True).encode(compose_generate(PROMPT, *int8).prompt)
     ids = torch.cat([prompt, torch.tensor([ar.tokens])], dim=1)
     m = len(ar.tokens)
     compiled_logits = CausalLMRunner(pair.target.model).logits(ids, m)  # [m, V]
-    eager_logits = CausalLMRunner(eager.model).logits(ids, m)
+    eager_logits = CausalLMRunner(pair.target.model, compiled=False).logits(ids, m)
     top2 = eager_logits.topk(2, dim=-1).values
     clear = top2[:, 0] - top2[:, 1] > LOGIT_TOLERANCE
     assert torch.equal(compiled_logits.argmax(-1)[clear], eager_logits.argmax(-1)[clear])

@@ -5,12 +5,12 @@ import logging
 import pytest
 import torch
 
-from viasd_adapters.models import int8_gemv
+from viasd_adapters.models import native
 from viasd_adapters.models.int8_gemv import GEMV_MAX_ROWS, fbgemm_only
 from viasd_adapters.models.quantize import _RowQuantGemm
 
 pytestmark = pytest.mark.skipif(
-    int8_gemv._cpu_supported() is not None, reason=f"the int8 GEMV needs AVX2: {int8_gemv._cpu_supported()}"
+    native._cpu_supported() is not None, reason=f"the int8 GEMV needs AVX2: {native._cpu_supported()}"
 )
 
 
@@ -23,7 +23,7 @@ def _rows(m: int, k: int, seed: int) -> torch.Tensor:
 
 def test_the_kernel_is_built_here():
     # On an x86-64 AVX2 CPU with a C compiler (CI's), a missing kernel is a failure, not a skip.
-    assert int8_gemv.library() is not None
+    assert native.load() is None
     assert _RowQuantGemm(torch.randn(8, 32)).gemv is not None
 
 
@@ -71,18 +71,18 @@ def test_more_rows_than_the_kernel_takes_go_to_fbgemm():
 def test_a_failed_build_falls_back_to_fbgemm_with_a_log_line(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("VIASD_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    int8_gemv.library.cache_clear()
+    native.load.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger=int8_gemv.__name__):
+        with caplog.at_level(logging.WARNING, logger=native.__name__):
             gemm = _RowQuantGemm(torch.randn(16, 64))
         assert gemm.gemv is None
-        assert "int8 GEMV kernel not used" in caplog.text
+        assert "native operators not used" in caplog.text
         x = _rows(2, 64, seed=7)
         with fbgemm_only():
             expected = gemm(x)
         assert torch.equal(gemm(x), expected)
     finally:
-        int8_gemv.library.cache_clear()  # the next caller builds (or finds) the real kernel again
+        native.load.cache_clear()  # the next caller builds (or finds) the real kernel again
 
 
 def test_values_on_half_steps_round_as_fbgemm_does():
@@ -99,19 +99,18 @@ def test_values_on_half_steps_round_as_fbgemm_does():
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-def test_a_runner_without_the_gemv_runs_fbgemm_and_gets_the_same_logits(monkeypatch, compiled):
+def test_a_runner_without_the_gemv_runs_fbgemm_and_gets_the_same_logits(compiled):
     from viasd_adapters.models import ModelSpec, load_model
     from viasd_adapters.runner import CausalLMRunner
 
     model = load_model(ModelSpec("tiny-random", weights="int8", compile=compiled)).model
-    calls = []
-    gemv_call = int8_gemv.Int8Gemv.__call__
-    monkeypatch.setattr(int8_gemv.Int8Gemv, "__call__", lambda self, rows: calls.append(1) or gemv_call(self, rows))
     ids = torch.tensor([[5, 17, 99, 3, 42, 8]])
     logits = {}
     for gemv in (True, False):
-        runner, calls[:] = CausalLMRunner(model, int8_gemv=gemv), []
+        runner = CausalLMRunner(model, int8_gemv=gemv)
         runner.logits(ids[:, :-1], 1)
-        logits[gemv] = runner.logits(ids, 1)  # one new row: the GEMV's case
+        with torch.profiler.profile() as profile:  # the compiled graph calls the operator from C++
+            logits[gemv] = runner.logits(ids, 1)  # one new row: the GEMV's case
+        calls = [e.key for e in profile.key_averages() if e.key == "viasd::w8a8_gemv"]
         assert bool(calls) == gemv
     assert torch.equal(logits[True], logits[False])

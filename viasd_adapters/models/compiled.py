@@ -8,7 +8,10 @@ norms, rotary embedding, row quantisation, attention and activations into a few 
 * the int8 GEMM is one opaque custom operator (`viasd::w8a8_gemm`): fbgemm's packed weights
   are script objects Dynamo cannot trace, so the op takes the `quantize._RowQuantGemm` as an
   opaque reference object and the graph never breaks; it calls that object, so it computes what
-  the eager layer computes, with the same kernel for the row count (`int8_gemv`);
+  the eager layer computes, with the same kernel for the row count (`int8_gemv`). The one-row
+  graph calls the GEMV's own operator on its int8 tensors instead (`viasd::w8a8_gemv`, the same
+  kernel), so that it holds no Python object and Inductor writes its wrapper in C++: with the
+  native row attention, nothing in a one-token layer call runs Python but Dynamo's entry;
 * one graph serves every layer (the layer's weights are inputs, not constants) and every row
   count above one (rows and a tree's gathered length are dynamic), so a model compiles two graphs per
   buffer size: one for a one-token step, one for blocks. Graphs land in Inductor's on-disk cache
@@ -29,6 +32,7 @@ Terms: n new rows, H hidden size, Hq / Hkv query / key-value heads, D head size,
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import math
 import os
@@ -45,6 +49,8 @@ from torch._opaque_base import OpaqueBase
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
+from . import native
+from .int8_gemv import gemv_enabled
 from .offline import cache_root
 from .quantize import Int8Linear, Int8Projection, _RowQuantGemm
 
@@ -104,7 +110,9 @@ def _(rows, gemm, out_features):
 
 w8a8_gemm = torch.ops.viasd.w8a8_gemm
 
-# Attention runs eagerly, as one opaque op that first stores the new rows' keys and values in
+
+# Attention runs eagerly, as one opaque op (native_ops.cpp; this Python reference where the native
+# operators are not built) that first stores the new rows' keys and values in
 # the buffers (Inductor's own fused scatter into a graph input corrupted memory with dynamic row
 # counts, torch 2.13, measured). Inductor's kernels summed a draft tree's rows (each reading its
 # own path, gathered) in another order than a one-token step's, and the tree's tokens parted from
@@ -117,12 +125,6 @@ w8a8_gemm = torch.ops.viasd.w8a8_gemm
 # as much at 256 keys, measured). One op for the write and the attention, and key counts given
 # rather than summed from a mask, because every op call costs Python: 100 µs less a layer call
 # than a write op and a mask-reading attention op (0.5B int8 on a Zen 3, profiler).
-_LIBRARY.define(
-    "attend(Tensor(a!) keys, Tensor(b!) values, Tensor write, Tensor k, Tensor v, Tensor q, Tensor counts,"
-    " Tensor? order) -> Tensor"
-)
-
-
 def _attend(keys, values, write, k, v, q, counts, order):
     """keys, values [Hkv, S, D]: the buffers, written in place; write [n] long: the positions the
     new rows' k, v [Hkv, n, D] go to; q [n, Hkv, G, D] fp32; counts [n] long: how many keys row j
@@ -140,27 +142,41 @@ def _attend(keys, values, write, k, v, q, counts, order):
     return rows[0] if len(rows) == 1 else torch.cat(rows)
 
 
-_LIBRARY.impl("attend", _attend, "CPU")
-
-
-@torch.library.register_fake("viasd::attend", lib=_LIBRARY)
-def _(keys, values, write, k, v, q, counts, order):
-    return torch.empty_like(q)
-
-
-attend = torch.ops.viasd.attend
+@functools.cache
+def _register_native_or_python_ops() -> bool:
+    """Define `viasd::attend` (and `viasd::w8a8_gemv`) with their fake implementations; True where
+    the native operators serve them."""
+    native_ops = native.load() is None
+    if not native_ops:
+        _LIBRARY.define(
+            "attend(Tensor(a!) keys, Tensor(b!) values, Tensor write, Tensor k, Tensor v, Tensor q, Tensor counts,"
+            " Tensor? order) -> Tensor"
+        )
+        _LIBRARY.impl("attend", _attend, "CPU")
+    torch.library.register_fake(
+        "viasd::attend", lambda keys, values, write, k, v, q, counts, order: torch.empty_like(q), lib=_LIBRARY
+    )
+    if native_ops:
+        torch.library.register_fake(
+            "viasd::w8a8_gemv",
+            lambda rows, weight, *_: rows.new_empty(rows.shape[0], weight.shape[0]),
+            lib=_LIBRARY,
+        )
+    return native_ops
 
 
 # ----------------------------------------------------------------------------- weights as graph inputs
 # A projection is a tuple the graph branches on at trace time (the same structure in every layer):
 #   ("dense", weight [N, K], bias [N] | None)
-#   ("int8", N, bias [N] | None, ((PackedGemm, channels [k] | None), ...))
+#   ("int8", N, bias [N] | None, ((PackedGemm, channels [k] | None, Int8Gemv.args | None), ...))
 def _projection(module: torch.nn.Module) -> tuple:
     if isinstance(module, torch.nn.Linear):
         return ("dense", module.weight, module.bias)
     if isinstance(module, Int8Linear):
         channels = module.channels or [None] * len(module._gemms)
-        groups = tuple((PackedGemm(g), c) for g, c in zip(module._gemms, channels))
+        groups = tuple(
+            (PackedGemm(g), c, None if g.gemv is None else g.gemv.args) for g, c in zip(module._gemms, channels)
+        )
         return ("int8", module.out_features, module.bias, groups)
     raise UnsupportedModel(f"no compiled projection for {type(module).__name__}")
 
@@ -184,16 +200,21 @@ def _layer_weights(layer: torch.nn.Module) -> dict:
     return weights
 
 
-def project(x: torch.Tensor, proj: tuple) -> torch.Tensor:
-    """[M, K] -> [M, N], computed as the eager layer computes it (int8: `Int8Linear.forward`)."""
+def project(x: torch.Tensor, proj: tuple, gemv: bool = False) -> torch.Tensor:
+    """[M, K] -> [M, N], computed as the eager layer computes it (int8: `Int8Linear.forward`).
+    `gemv`: M is at most GEMV_MAX_ROWS and the GEMV is on: call its operator directly."""
     if proj[0] == "dense":
         _, weight, bias = proj
         return F.linear(x, weight, bias)
     _, out_features, bias, groups = proj
     rows = x.float()
     y = None
-    for gemm, channels in groups:
-        out = w8a8_gemm(rows if channels is None else rows.index_select(1, channels), gemm, out_features)
+    for gemm, channels, gemv_args in groups:
+        selected = rows if channels is None else rows.index_select(1, channels)
+        if gemv and gemv_args is not None:
+            out = torch.ops.viasd.w8a8_gemv(selected, *gemv_args)
+        else:
+            out = w8a8_gemm(selected, gemm, out_features)
         y = out if y is None else y + out
     if bias is not None:
         y = y + bias
@@ -239,10 +260,12 @@ def decoder_layer(
     attention: bool = True,
     mlp: bool = True,
     order: torch.Tensor | None = None,
+    gemv: bool = False,
 ) -> torch.Tensor:
     """One pre-norm decoder layer over n new rows; writes their keys and values in place.
 
     `attention` / `mlp` False skip that sub-block (a routed slim view; each combination is a graph).
+    `gemv`: every int8 product calls the GEMV's operator directly (see `project`).
 
     Args:
         h: [n, H] hidden states entering the layer.
@@ -258,26 +281,26 @@ def decoder_layer(
         [n, H] hidden states leaving the layer.
     """
     if attention:
-        h = _attention_block(h, cos, sin, keys, values, write, counts, weights, shape, order)
+        h = _attention_block(h, cos, sin, keys, values, write, counts, weights, shape, order, gemv)
     if mlp:
-        h = _mlp_block(h, weights, shape)
+        h = _mlp_block(h, weights, shape, gemv)
     return h
 
 
 def _attention_block(
-    h, cos, sin, keys, values, write, counts, weights: dict, shape: LayerShape, order=None
+    h, cos, sin, keys, values, write, counts, weights: dict, shape: LayerShape, order, gemv: bool
 ) -> torch.Tensor:
     n = h.shape[0]
     Hq, Hkv, D = shape.q_heads, shape.kv_heads, shape.head_dim
     x = _rms_norm(h, weights["ln1"], shape.eps)
     if "qkv" in weights:
-        q, k, v = project(x, weights["qkv"]).split([Hq * D, Hkv * D, Hkv * D], dim=-1)
+        q, k, v = project(x, weights["qkv"], gemv).split([Hq * D, Hkv * D, Hkv * D], dim=-1)
     else:
-        q, k, v = (project(x, weights[name]) for name in ("q", "k", "v"))
+        q, k, v = (project(x, weights[name], gemv) for name in ("q", "k", "v"))
     cos, sin = cos[:, None, :], sin[:, None, :]
     q = _rotate(q.view(n, Hq, D), cos, sin)  # [n, Hq, D]
     k = _rotate(k.view(n, Hkv, D), cos, sin)  # [n, Hkv, D]
-    out = attend(
+    out = torch.ops.viasd.attend(
         keys,
         values,
         write,
@@ -287,17 +310,17 @@ def _attention_block(
         counts,
         order,
     )  # [n, Hkv, G, D]
-    return h + project(out.reshape(n, Hq * D).to(h.dtype), weights["o"])
+    return h + project(out.reshape(n, Hq * D).to(h.dtype), weights["o"], gemv)
 
 
-def _mlp_block(h: torch.Tensor, weights: dict, shape: LayerShape) -> torch.Tensor:
+def _mlp_block(h: torch.Tensor, weights: dict, shape: LayerShape, gemv: bool) -> torch.Tensor:
     x = _rms_norm(h, weights["ln2"], shape.eps)
     if "gate_up" in weights:
-        gate, up = project(x, weights["gate_up"]).chunk(2, dim=-1)
+        gate, up = project(x, weights["gate_up"], gemv).chunk(2, dim=-1)
     else:
-        gate, up = project(x, weights["gate"]), project(x, weights["up"])
+        gate, up = project(x, weights["gate"], gemv), project(x, weights["up"], gemv)
     act = F.silu(gate) if shape.act == "silu" else F.gelu(gate, approximate="tanh")
-    return h + project(act * up, weights["down"])
+    return h + project(act * up, weights["down"], gemv)
 
 
 # ----------------------------------------------------------------------------- keys and values
@@ -405,9 +428,16 @@ class DecodeStep:
         # fills by splitting a row's reductions (norms, attention) across them, a sum order that a
         # block's graph, parallel over its rows, does not share; at the 1.5B's widths that moved
         # logits by up to 1.5 and broke greedy SD's equality with AR. The GEMMs keep every thread.
-        self._layer = (
-            torch.compile(decoder_layer, fullgraph=True, options={"cpp.threads": 1}) if compile else decoder_layer
-        )
+        self.native = _register_native_or_python_ops()
+        self._layer = decoder_layer
+        self._one_row = decoder_layer  # a one-row step with the GEMV on
+        if compile:
+            self._layer = torch.compile(decoder_layer, fullgraph=True, options={"cpp.threads": 1})
+            # With the native operators the one-row graph holds no Python object, so Inductor can
+            # write its wrapper in C++: about 0.2 ms less Python a layer call (docs/results/compiled.md).
+            self._one_row = torch.compile(
+                decoder_layer, fullgraph=True, options={"cpp.threads": 1, "cpp_wrapper": self.native}
+            )
         self.dtype = body.embed_tokens.weight.dtype
 
     def view(self, plan: list[tuple[int, bool, bool]]) -> DecodeStep:
@@ -486,8 +516,10 @@ class DecodeStep:
             if n > 1:
                 for t in (h, cos, sin, write, counts) + (() if order is None else (order,)):
                     torch._dynamo.maybe_mark_dynamic(t, 0)
+        gemv = n == 1 and self.native and gemv_enabled()
+        layer = self._one_row if gemv else self._layer
         for i, attention, mlp in self.plan:
-            h = self._layer(
+            h = layer(
                 h,
                 cos,
                 sin,
@@ -500,6 +532,7 @@ class DecodeStep:
                 attention,
                 mlp,
                 order,
+                gemv,
             )
         cache.length = start + n
         return h

@@ -16,19 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "int8_gemv.h"
+
 #define ROWS_PER_PASS 4       /* rows per pass over a channel's weights: 8 accumulators of 16 registers */
 #define CHANNELS_PER_BLOCK 16 /* channels per parallel work item */
 #define PREFETCH_BYTES 1024   /* how far ahead in a weight row to prefetch (measured: 0.95-1.1x of none) */
-#define MAX_ROWS 64
 
-typedef struct {
-  const int8_t* weight;   /* [n, k], row-major */
-  const int32_t* colsum;  /* [n]: each channel's weight sum */
-  const float* multiplier; /* [n]: act_scale * w_scale[n] in float */
-  int64_t k, n;
-  float inverse_scale;    /* 1.f / act_scale */
-  int32_t zero_point;
-} w8a8_weight;
 
 static void quantize_row(const float* x, int64_t k, int64_t padded, float inverse_scale, int32_t zero_point,
                          uint8_t* q, float* peak_out) {
@@ -118,15 +111,13 @@ static void channel_block(const w8a8_weight* w, const uint8_t* q, int64_t padded
   }
 }
 
-/* out [rows, n] (row stride ldo) = the W8A8 product of x [rows, k] (row stride ldx) with the
- * weight; rows <= MAX_ROWS. Returns 0, or -1 when rows is out of range or memory ran out. */
 int w8a8_gemm(const w8a8_weight* w, const float* x, int64_t ldx, int64_t rows, float* out, int64_t ldo,
               int threads) {
-  if (rows < 1 || rows > MAX_ROWS) return -1;
+  if (rows < 1 || rows > W8A8_MAX_ROWS) return -1;
   const int64_t padded = (w->k + 31) / 32 * 32;
   uint8_t* q = (uint8_t*)malloc((size_t)(rows * padded));
   if (q == NULL) return -1;
-  float peaks[MAX_ROWS];
+  float peaks[W8A8_MAX_ROWS];
   for (int64_t m = 0; m < rows; ++m)
     quantize_row(x + m * ldx, w->k, padded, w->inverse_scale, w->zero_point, q + m * padded, peaks + m);
   const int64_t blocks = (w->n + CHANNELS_PER_BLOCK - 1) / CHANNELS_PER_BLOCK;
