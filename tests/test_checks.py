@@ -185,6 +185,7 @@ def _options(group: str) -> list[str]:
     return sorted(p.stem for p in (pathlib.Path(CONFIG_DIR) / group).glob("*.yaml"))
 
 
+@pytest.mark.slow  # the default run must stay under 15 min (pyproject.toml)
 def test_the_refused_framework_verifier_pairs_are_exactly_these(placeholder_profile):
     refused = {}
     for framework in _options("framework"):

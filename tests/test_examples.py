@@ -193,6 +193,7 @@ def test_readme_starts_with_a_working_five_line_quickstart(tmp_path):
     assert len(text.split()) > 10 and ("sky" in text or "blue" in text), text  # SmolLM2 answered the question
 
 
+@pytest.mark.slow  # the default run must stay under 15 min (pyproject.toml)
 def test_search_and_calibrate_then_use_both(tmp_path):
     config_dir = tmp_path / "user-conf"  # where the results are installed, instead of ~/.config
     calibration = ["calibration.per_category=1", "calibration.max_new_tokens=8", "calibration.max_prompt_tokens=16"]

@@ -116,7 +116,7 @@ def test_reduced_vocabulary_sampling_reproduces_the_target_distribution():
         assert chi_square_p(counts[i], q[i]) > P_MIN, (i, total_variation(counts[i], q[i]))
 
 
-@pytest.mark.parametrize("framework", ["sd-fast", "sd-adaptive-int8"])
+@pytest.mark.parametrize("framework", ["sd-fast", pytest.param("sd-adaptive-int8", marks=pytest.mark.slow)])
 def test_combined_configurations_sample_the_target_distribution(framework):
     """Statistical: the shipped configuration, composed as the CLI does, on the peaked tiny pair:
     the first two sampled tokens follow the target's exact marginals."""

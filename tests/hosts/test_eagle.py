@@ -314,6 +314,7 @@ def peaked_eagle(tmp_path_factory):
     return ea, exact_marginals(ea.base_model.target, PROMPT, 3)
 
 
+@pytest.mark.slow  # the default run must stay under 15 min (pyproject.toml)
 def test_tiered_sampling_with_a_perfect_slim_verifier_samples_the_target(peaked_eagle):
     """Statistical: u = q and active tiers, so the 2nd and 3rd sampled tokens (the 1st is the
     prefill's) follow the target's exact marginals; the slim tier settles many of them."""
@@ -435,6 +436,7 @@ def test_reduced_vocabulary_eagle_drafts_only_kept_ids_and_stays_lossless(accept
     assert "topK_genrate" not in decoder.model.ea.ea_layer.__dict__  # the EaModel is left as it was
 
 
+@pytest.mark.slow  # the default run must stay under 15 min (pyproject.toml)
 def test_reduced_vocabulary_eagle_sampling_samples_the_target(peaked_eagle):
     """Statistical: the proposal is renormalised over the kept ids, the target's likeliest 2nd
     token among those left out, so only exact residual sampling gives the target's marginals."""

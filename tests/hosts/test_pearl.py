@@ -218,7 +218,7 @@ _ORPHAN_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("how", ["sigkill", "sigint"])
+@pytest.mark.parametrize("how", ["sigkill", pytest.param("sigint", marks=pytest.mark.slow)])
 def test_no_orphan_when_the_parent_dies_or_is_interrupted(tmp_path, how):
     script = tmp_path / "parent.py"
     script.write_text(_ORPHAN_SCRIPT)
@@ -258,6 +258,7 @@ _SLOW_START_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # the default run must stay under 15 min (pyproject.toml)
 def test_no_orphan_when_the_parent_dies_while_the_worker_loads(tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(_SLOW_START_SCRIPT)
@@ -366,7 +367,11 @@ def test_stop_token_and_budget_end_the_generation(tiny_target, tiny_draft, proce
 
 @pytest.mark.parametrize(
     "schedule, tiers_off",
-    [("window", False), ("window", True), pytest.param("eager", False, marks=pytest.mark.slow)],
+    [
+        ("window", False),
+        pytest.param("window", True, marks=pytest.mark.slow),
+        pytest.param("eager", False, marks=pytest.mark.slow),
+    ],
     ids=["window", "window-tiered-verifier-off", "eager"],
 )
 def test_pearl_sampling_reproduces_the_target_distribution(schedule, tiers_off):

@@ -193,11 +193,12 @@ def _assert_cache_reproduces_gguf_logits(name: str, tmp_path: Path):
     assert torch.equal(cached, expected)
 
 
+@pytest.mark.slow  # the default run must stay under 15 min (pyproject.toml)
 def test_smollm2_cache_reproduces_gguf_logits(tmp_path):
     _assert_cache_reproduces_gguf_logits(SMOL, tmp_path)
 
 
-@pytest.mark.parametrize("name", [QWEN_05, QWEN_15])
+@pytest.mark.parametrize("name", [QWEN_05, pytest.param(QWEN_15, marks=pytest.mark.slow)])
 def test_qwen_tokenizer_matches_gguf_metadata(name, tmp_path):
     meta = _metadata(name, tmp_path)
     folder = ensure_cached(name)
