@@ -5,7 +5,7 @@ Registered with torch's dispatcher (`torch.ops.viasd.w8a8_gemv`, `torch.ops.vias
 that a compiled graph calls them from C++ with no Python around each call (compiled.py).
 
 Built on first use into the project's cache, once per source, compiler and torch version (about
-30 s): the C kernel with `$CC` (else `cc`), the operators with `$CXX` (else `c++`) against torch's
+25 s): the C kernel with `$CC` (else `cc`), the operators with `$CXX` (else `c++`) against torch's
 headers. Where the CPU is not x86-64 with AVX2 and FMA, or there is no compiler, or the build
 fails, `load()` says why (one log line) and callers use their Python paths: fbgemm for every int8
 product, the row attention in Python.
