@@ -4,7 +4,7 @@
 Registered with torch's dispatcher (`torch.ops.viasd.w8a8_gemv`, `torch.ops.viasd.attend`), so
 that a compiled graph calls them from C++ with no Python around each call (compiled.py).
 
-Built on first use into the project's cache, once per source, compiler and torch version (about
+Built on first use into the project's cache, once per source, compiler and torch installation (about
 25 s): the C kernel with `$CC` (else `cc`), the operators with `$CXX` (else `c++`) against torch's
 headers. Where the CPU is not x86-64 with AVX2 and FMA, or there is no compiler, or the build
 fails, `load()` says why (one log line) and callers use their Python paths: fbgemm for every int8
@@ -55,7 +55,8 @@ def _build() -> Path:
     """The operator library, compiled into the cache unless it is there."""
     cc, cxx = os.environ.get("CC", "cc"), os.environ.get("CXX", "c++")
     identity = [s.read_text() for s in SOURCES] + [_run([c, "--version"]) for c in (cc, cxx)]
-    identity += [*C_FLAGS, *CXX_FLAGS, torch.__version__]
+    # torch's own folder too: the library links against it (and finds it through its rpath)
+    identity += [*C_FLAGS, *CXX_FLAGS, torch.__version__, *cpp_extension.library_paths()]
     key = hashlib.sha256("\n".join(identity).encode()).hexdigest()[:16]
     path = cache_root() / "kernels" / f"viasd_ops-{key}.so"
     if path.exists():
