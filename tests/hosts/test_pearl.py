@@ -368,7 +368,7 @@ def test_stop_token_and_budget_end_the_generation(tiny_target, tiny_draft, proce
 @pytest.mark.parametrize(
     "schedule, tiers_off",
     [
-        ("window", False),
+        pytest.param("window", False, marks=pytest.mark.slow),  # tiered PEARL sampling stays in the default run
         pytest.param("window", True, marks=pytest.mark.slow),
         pytest.param("eager", False, marks=pytest.mark.slow),
     ],

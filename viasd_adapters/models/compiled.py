@@ -174,11 +174,20 @@ def _projection(module: torch.nn.Module) -> tuple:
         return ("dense", module.weight, module.bias)
     if isinstance(module, Int8Linear):
         channels = module.channels or [None] * len(module._gemms)
-        groups = tuple(
-            (PackedGemm(g), c, None if g.gemv is None else g.gemv.args) for g, c in zip(module._gemms, channels)
-        )
+        groups = tuple((PackedGemm(g), c, _static_gemv_args(g)) for g, c in zip(module._gemms, channels))
         return ("int8", module.out_features, module.bias, groups)
     raise UnsupportedModel(f"no compiled projection for {type(module).__name__}")
+
+
+def _static_gemv_args(gemm: _RowQuantGemm) -> tuple | None:
+    """The GEMV operator's arguments after the rows, their sizes kept static like the model's other
+    widths (see `DecodeStep._block`): each model's one-row graph is its own, never one generic in a
+    width Dynamo saw change."""
+    if gemm.gemv is None:
+        return None
+    for tensor in gemm.gemv.args[:3]:
+        _static(tensor)
+    return gemm.gemv.args
 
 
 def _layer_weights(layer: torch.nn.Module) -> dict:
