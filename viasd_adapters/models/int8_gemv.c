@@ -22,7 +22,6 @@
 #define CHANNELS_PER_BLOCK 16 /* channels per parallel work item */
 #define PREFETCH_BYTES 1024   /* how far ahead in a weight row to prefetch (measured: 0.95-1.1x of none) */
 
-
 static void quantize_row(const float* x, int64_t k, int64_t padded, float inverse_scale, int32_t zero_point,
                          uint8_t* q, float* peak_out) {
   float peak = 0.f;
