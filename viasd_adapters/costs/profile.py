@@ -32,8 +32,9 @@ logger = logging.getLogger(__name__)
 # Bump when an entry's meaning changes; older files are then measured again. 2: int8 steps on the
 # int8 GEMV (models.int8_gemv), up to 1.5x faster than the fbgemm steps format 1 recorded; 3: int8
 # verify blocks of 3-4 rows on the GEMV too; 4: one-token steps of compiled models through the
-# native operators and Inductor's C++ wrapper (models.native), about 10 % faster on a Zen 3.
-FORMAT = 4
+# native operators and Inductor's C++ wrapper (models.native), about 10 % faster on a Zen 3; 5: the
+# one-token layer as an AOTInductor package (models.packaged), 12-17 % faster again.
+FORMAT = 5
 
 
 def profile_dir() -> Path:

@@ -10,8 +10,9 @@ norms, rotary embedding, row quantisation, attention and activations into a few 
   opaque reference object and the graph never breaks; it calls that object, so it computes what
   the eager layer computes, with the same kernel for the row count (`int8_gemv`). The one-row
   graph calls the GEMV's own operator on its int8 tensors instead (`viasd::w8a8_gemv`, the same
-  kernel), so that it holds no Python object and Inductor writes its wrapper in C++: with the
-  native row attention, nothing in a one-token layer call runs Python but Dynamo's entry;
+  kernel), so that it holds no Python object and Inductor writes its wrapper in C++; that graph,
+  for a whole layer over a chain, is also exported and compiled ahead of time into an
+  AOTInductor package (`packaged.PackagedLayer`), which the step calls without entering Dynamo;
 * one graph serves every layer (the layer's weights are inputs, not constants) and every row
   count above one (rows and a tree's gathered length are dynamic), so a model compiles two graphs per
   buffer size: one for a one-token step, one for blocks. Graphs land in Inductor's on-disk cache
@@ -52,6 +53,7 @@ from transformers import PreTrainedModel
 from . import native
 from .int8_gemv import gemv_enabled
 from .offline import cache_root
+from .packaged import PackagedLayer
 from .quantize import Int8Linear, Int8Projection, _RowQuantGemm
 
 logger = logging.getLogger(__name__)
@@ -447,6 +449,8 @@ class DecodeStep:
             self._one_row = torch.compile(
                 decoder_layer, fullgraph=True, options={"cpp.threads": 1, "cpp_wrapper": self.native}
             )
+            if self.native:  # and then most one-row calls skip Dynamo too (packaged.py)
+                self._one_row = PackagedLayer(decoder_layer, self._one_row, inductor_cache_dir())
         self.dtype = body.embed_tokens.weight.dtype
 
     def view(self, plan: list[tuple[int, bool, bool]]) -> DecodeStep:

@@ -51,7 +51,7 @@ def _run(command: list[str]) -> str:
     return subprocess.run(command, capture_output=True, text=True, check=True).stdout
 
 
-def _build() -> Path:
+def library_path() -> Path:
     """The operator library, compiled into the cache unless it is there."""
     cc, cxx = os.environ.get("CC", "cc"), os.environ.get("CXX", "c++")
     identity = [s.read_text() for s in SOURCES] + [_run([c, "--version"]) for c in (cc, cxx)]
@@ -83,7 +83,7 @@ def load() -> str | None:
     reason = _cpu_supported()
     if reason is None:
         try:
-            torch.ops.load_library(str(_build()))
+            torch.ops.load_library(str(library_path()))
             return None
         except (OSError, RuntimeError, subprocess.CalledProcessError) as err:
             detail = getattr(err, "stderr", None) or err
