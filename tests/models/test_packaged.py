@@ -1,7 +1,7 @@
-"""The one-token layer's AOTInductor package (`models.packaged`): bitwise the `torch.compile` graph
-it stands in for, one package for every buffer size, found again by the next step of the same
-model, built again when its file is damaged, and a warning and the compiled graph where it cannot
-be built."""
+"""The decoder layer's AOTInductor package (`models.packaged`): bitwise the `torch.compile` graphs
+it stands in for at 1-4 rows, one package for every buffer size, found again by the next step of
+the same model, built again when its file is damaged, and a warning and the compiled graphs where
+it cannot be built."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch
 
 from viasd_adapters.models import ModelSpec, load_model, native
 from viasd_adapters.models.compiled import KV_GROWTH, DecodeStep, decode_step
+from viasd_adapters.models.int8_gemv import GEMV_MAX_ROWS
 from viasd_adapters.models.packaged import PackagedLayer
 from viasd_adapters.runner import CausalLMRunner
 
@@ -28,51 +29,49 @@ def model():
 
 
 def _ids(n: int) -> torch.Tensor:
-    return torch.randint(1, 250, (1, n), generator=torch.Generator().manual_seed(0))
+    return torch.randint(1, 250, (n,), generator=torch.Generator().manual_seed(0))
 
 
-PREFIX = _ids(9)
+PREFIX = _ids(9)[None]
 IDS = torch.cat([PREFIX, torch.tensor([[7]])], dim=1)  # one new row after PREFIX: a one-token step
 
 
-def _runner(model, step: DecodeStep) -> CausalLMRunner:
-    runner = CausalLMRunner(model)
-    runner.step, runner.cache = step, step.new_cache()
-    return runner
-
-
-def _graph_only(step: DecodeStep) -> DecodeStep:
-    """The same step with every one-row call on the `torch.compile` graph."""
+def _graphs_only(step: DecodeStep) -> DecodeStep:
+    """The same step with every call on the `torch.compile` graphs."""
     twin = copy.copy(step)
-    twin._one_row = step._one_row.fallback
+    twin._packaged = None
     return twin
 
 
 def _next_logits(model, step: DecodeStep) -> torch.Tensor:
     """The logits of IDS' last token, a one-token step after PREFIX."""
-    runner = _runner(model, step)
+    runner = CausalLMRunner(model)
+    runner.step, runner.cache = step, step.new_cache()
     runner.logits(PREFIX, 1)
     return runner.logits(IDS, 1)
 
 
 @torch.no_grad()
-def test_steps_run_the_package_bitwise_as_the_compiled_graph_across_a_buffer_growth(model):
+def test_steps_and_verify_blocks_run_the_package_bitwise_as_the_graphs_across_a_buffer_growth(model):
     step = decode_step(model)
-    assert isinstance(step._one_row, PackagedLayer) and step._one_row.failed is None
-    ids = _ids(KV_GROWTH + 12)
-    packaged, compiled = _runner(model, step), _runner(model, _graph_only(step))
-    start = KV_GROWTH - 8
-    for runner in (packaged, compiled):
-        runner.logits(ids[:, :start], 1)
-    runs, runner = [], step._one_row._runner
-    step._one_row._runner = SimpleNamespace(run=lambda inputs: runs.append(1) or runner.run(inputs))
+    assert isinstance(step._packaged, PackagedLayer) and step._packaged.failed is None
+    graphs = _graphs_only(step)
+    ids = _ids(KV_GROWTH + 40)
+    start = KV_GROWTH - 20
+    packaged_cache, graph_cache = step.new_cache(), graphs.new_cache()
+    step(ids[:start], packaged_cache)
+    graphs(ids[:start], graph_cache)
+    runs, runner = [], step._packaged._runner
+    step._packaged._runner = SimpleNamespace(run=lambda inputs: runs.append(1) or runner.run(inputs))
+    sizes = [1, 2, 1, 3, GEMV_MAX_ROWS, 1, 2] * 3 + [GEMV_MAX_ROWS + 1]  # the last: the block graph
     try:
-        for length in range(start + 1, ids.shape[1] + 1):
-            assert torch.equal(packaged.logits(ids[:, :length], 1), compiled.logits(ids[:, :length], 1)), length
+        for n in sizes:
+            rows = ids[packaged_cache.length : packaged_cache.length + n]
+            assert torch.equal(step(rows, packaged_cache), graphs(rows, graph_cache)), (n, packaged_cache.length)
     finally:
-        step._one_row._runner = runner
-    assert packaged.cache.capacity == 2 * KV_GROWTH  # the buffers grew while the same package ran
-    assert len(runs) == (ids.shape[1] - start) * len(step.layers)
+        step._packaged._runner = runner
+    assert packaged_cache.capacity == 2 * KV_GROWTH  # the buffers grew while the same package ran
+    assert len(runs) == (len(sizes) - 1) * len(step.layers)
 
 
 @torch.no_grad()
@@ -80,7 +79,7 @@ def test_the_next_step_of_the_same_model_loads_the_package(model, caplog):
     reference = _next_logits(model, decode_step(model))
     with caplog.at_level(logging.INFO, logger=LOGGER):
         assert torch.equal(_next_logits(model, DecodeStep(model)), reference)
-    assert "loaded the one-token layer's package" in caplog.text
+    assert "loaded the decoder layer's package" in caplog.text
 
 
 @pytest.mark.slow  # builds the package once more (about 17 s)
@@ -89,19 +88,19 @@ def test_a_damaged_package_is_built_again(model, caplog):
     reference = _next_logits(model, decode_step(model))
     with caplog.at_level(logging.INFO, logger=LOGGER):
         _next_logits(model, DecodeStep(model))
-    path = caplog.text.split("loaded the one-token layer's package in ")[1].split(": ", 1)[1].split()[0]
+    path = caplog.text.split("loaded the decoder layer's package (1-")[1].split(": ", 1)[1].split()[0]
     with open(path, "wb") as f:
         f.write(b"not a package")
     caplog.clear()
     rebuilt = DecodeStep(model)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         assert torch.equal(_next_logits(model, rebuilt), reference)
-    assert "could not be read" in caplog.text and "built the one-token layer's package" in caplog.text
-    assert rebuilt._one_row.failed is None
+    assert "could not be read" in caplog.text and "built the decoder layer's package" in caplog.text
+    assert rebuilt._packaged.failed is None
 
 
 @torch.no_grad()
-def test_where_export_fails_the_compiled_graph_runs_every_call_with_a_warning(model, monkeypatch, caplog):
+def test_where_export_fails_the_compiled_graphs_run_every_call_with_a_warning(model, monkeypatch, caplog):
     reference = _next_logits(model, decode_step(model))
 
     def refuse(*args, **kwargs):
@@ -111,5 +110,5 @@ def test_where_export_fails_the_compiled_graph_runs_every_call_with_a_warning(mo
     step = DecodeStep(model)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert torch.equal(_next_logits(model, step), reference)
-    assert "runs its torch.compile graph, not a package: RuntimeError: cannot trace this" in caplog.text
-    assert step._one_row.failed and step._one_row._runner is None
+    assert "runs its torch.compile graphs, not a package: RuntimeError: cannot trace this" in caplog.text
+    assert step._packaged.failed and step._packaged._runner is None

@@ -10,12 +10,14 @@ norms, rotary embedding, row quantisation, attention and activations into a few 
   opaque reference object and the graph never breaks; it calls that object, so it computes what
   the eager layer computes, with the same kernel for the row count (`int8_gemv`). The one-row
   graph calls the GEMV's own operator on its int8 tensors instead (`viasd::w8a8_gemv`, the same
-  kernel), so that it holds no Python object and Inductor writes its wrapper in C++; that graph,
-  for a whole layer over a chain, is also exported and compiled ahead of time into an
-  AOTInductor package (`packaged.PackagedLayer`), which the step calls without entering Dynamo;
+  kernel), so that it holds no Python object and Inductor writes its wrapper in C++. Whole layers
+  over a chain of up to `GEMV_MAX_ROWS` rows (decode steps, verify blocks) run that layer
+  exported and compiled ahead of time instead, an AOTInductor package the step calls without
+  entering Dynamo (`packaged.PackagedLayer`);
 * one graph serves every layer (the layer's weights are inputs, not constants) and every row
-  count above one (rows and a tree's gathered length are dynamic), so a model compiles two graphs per
-  buffer size: one for a one-token step, one for blocks. Graphs land in Inductor's on-disk cache
+  count above one (rows and a tree's gathered length are dynamic), so a model compiles a block
+  graph per buffer size and a package; a one-token graph only where the package does not serve
+  (a tree's rows, a slim view's half layers). Graphs land in Inductor's on-disk cache
   (`inductor_cache_dir`);
 * keys and values live in preallocated buffers (`StaticKV`), written in place at the new rows'
   positions by the attention's opaque operator (`viasd::attend`); rolling back is lowering a length;
@@ -51,7 +53,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from . import native
-from .int8_gemv import gemv_enabled
+from .int8_gemv import GEMV_MAX_ROWS, gemv_enabled
 from .offline import cache_root
 from .packaged import PackagedLayer
 from .quantize import Int8Linear, Int8Projection, _RowQuantGemm
@@ -449,8 +451,10 @@ class DecodeStep:
             self._one_row = torch.compile(
                 decoder_layer, fullgraph=True, options={"cpp.threads": 1, "cpp_wrapper": self.native}
             )
-            if self.native:  # and then most one-row calls skip Dynamo too (packaged.py)
-                self._one_row = PackagedLayer(decoder_layer, self._one_row, inductor_cache_dir())
+        # Whole layers over a chain of a few rows (a decode step, a verify block) skip Dynamo (packaged.py).
+        self._packaged = None
+        if compile and self.native:
+            self._packaged = PackagedLayer(decoder_layer, inductor_cache_dir(), GEMV_MAX_ROWS)
         self.dtype = body.embed_tokens.weight.dtype
 
     def view(self, plan: list[tuple[int, bool, bool]]) -> DecodeStep:
@@ -531,22 +535,17 @@ class DecodeStep:
                     torch._dynamo.maybe_mark_dynamic(t, 0)
         gemv = n == 1 and self.native and gemv_enabled()
         layer = self._one_row if gemv else self._layer
+        packaged = self._packaged if self._packaged is not None and self._packaged.serves(n, order) else None
         for i, attention, mlp in self.plan:
-            h = layer(
-                h,
-                cos,
-                sin,
-                cache.keys.get(i),
-                cache.values.get(i),
-                write,
-                counts,
-                self.weights[i],
-                self.shape,
-                attention,
-                mlp,
-                order,
-                gemv,
-            )
+            keys, values = cache.keys.get(i), cache.values.get(i)
+            out = None
+            if packaged is not None and attention and mlp and gemv_enabled():
+                out = packaged(h, cos, sin, keys, values, write, counts, self.weights[i], self.shape)
+            if out is None:
+                out = layer(
+                    h, cos, sin, keys, values, write, counts, self.weights[i], self.shape, attention, mlp, order, gemv
+                )
+            h = out
         cache.length = start + n
         return h
 
@@ -598,16 +597,17 @@ def decode_step(model: torch.nn.Module) -> DecodeStep | None:
 
 
 def warm_up_step(step: DecodeStep, progress: bool = True) -> float:
-    """Compile both graphs (a block, one row) now, or read them from Inductor's on-disk cache;
-    returns the seconds it took."""
+    """Compile the block graph and build the few-row package (without one, the one-row graph) now,
+    or read them from the on-disk caches; returns the seconds it took."""
     begin = time.perf_counter()
     cache = step.new_cache()
-    ids = torch.zeros(4, dtype=torch.long, device=cache.device)
+    rows = GEMV_MAX_ROWS + 1  # past the package's rows: the block graph
+    ids = torch.zeros(rows, dtype=torch.long, device=cache.device)
     name = getattr(step.model.config, "_name_or_path", "") or type(step.model).__name__
-    for rows in tqdm(
-        [4, 1], desc=f"compiling the decode step of {Path(name).name}", unit="graph", disable=not progress
+    for n in tqdm(
+        [rows, 1], desc=f"compiling the decode step of {Path(name).name}", unit="graph", disable=not progress
     ):
-        step(ids[:rows], cache)
+        step(ids[:n], cache)
     seconds = time.perf_counter() - begin
     logger.info(
         "compiled the decode step of %s (%d layers) in %.1f s", type(step.model).__name__, len(step.layers), seconds

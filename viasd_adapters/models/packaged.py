@@ -1,22 +1,25 @@
-"""The one-token decoder layer as an AOTInductor package: a decode step with no Dynamo in it.
+"""The decoder layer over a few rows as an AOTInductor package: decode steps and verify blocks
+with no Dynamo in them.
 
 A `torch.compile` graph is entered through Dynamo: a cache lookup, guards over every input (a
 layer's weights are inputs) and the compiled region's entry, once per layer call. On a Zen 3 that
-cost about 0.3 ms a layer call around the one-token graph, 19 % of the 0.5B's step
-(docs/results/compiled.md). `torch.export` traces the same function (`compiled.decoder_layer`,
-one row, the GEMV operator) once; AOTInductor compiles it into a shared library that the step
+cost 0.3-0.5 ms a layer call, 12-25 % of a one-token step (docs/results/compiled.md).
+`torch.export` traces the same function (`compiled.decoder_layer`, every product on the GEMV
+operator, which `_RowQuantGemm` also picks for these row counts) once, with the row count and the
+key-value buffers' length symbolic; AOTInductor compiles it into a shared library that the step
 calls directly, with the layer's weights as a flat list of tensors. The kernels are Inductor's for
-the same graph, so its outputs are bitwise those of the compiled graph
-(tests/models/test_packaged.py).
+the same graph, so its outputs are bitwise those of the compiled graphs
+(tests/models/test_packaged.py). One package per model serves 1 to `GEMV_MAX_ROWS` rows (a step,
+a verify block) and every buffer size.
 
-The key-value buffers' length is symbolic, so one package serves every buffer size. Packages live
-in Inductor's cache folder (`compiled.inductor_cache_dir()`), keyed by the exported program's text
-(graph, shapes, constants), torch's version and the native operators' library: the same model
-finds its package in the next process (export, 0.4 s; load, 10 ms) instead of tracing again.
+Packages live in Inductor's cache folder (`compiled.inductor_cache_dir()`), keyed by the exported
+program's text (graph, shapes, constants, source lines), torch's version and the native operators'
+library: the next process finds its model's package (export 0.4 s, load 10 ms) instead of tracing
+again.
 
 Only whole layers over a chain take the package (`PackagedLayer.serves`); a routed slim view's
-half layers and a draft tree's rows run the `torch.compile` graph. Where export or compilation
-fails, one warning, and every call runs the `torch.compile` graph.
+half layers, a draft tree's rows and longer blocks run the `torch.compile` graphs. Where export or
+compilation fails, one warning, and every call runs those graphs.
 """
 
 from __future__ import annotations
@@ -65,8 +68,9 @@ def packageable(weights: dict) -> str | None:
     return None
 
 
-class _OneRowLayer(torch.nn.Module):
-    """A decoder layer function on one row with the weights as positional tensors (what export traces)."""
+class _RowsLayer(torch.nn.Module):
+    """A decoder layer function on a few rows, every product on the GEMV operator, with the weights
+    as positional tensors (what export traces)."""
 
     def __init__(self, layer: Callable, spec: pytree.TreeSpec, constants: list, shape):
         super().__init__()
@@ -80,34 +84,32 @@ class _OneRowLayer(torch.nn.Module):
 
 
 class PackagedLayer:
-    """Calls like `layer` (`compiled.decoder_layer`); a whole layer over a chain (one row) runs the
-    package of `layer`, anything else `fallback` (its `torch.compile` graph). The package is built,
-    or read from the cache, at the first call it serves."""
+    """A whole decoder layer (`layer`, i.e. `compiled.decoder_layer`) over a chain of 1..`max_rows`
+    rows, every product on the GEMV operator, as one package (the row count is symbolic). It is
+    built, or read from the cache, at the first call."""
 
-    def __init__(self, layer: Callable, fallback: Callable, cache_dir: Path):
-        self.layer, self.fallback = layer, fallback
-        self.cache_dir = cache_dir
+    def __init__(self, layer: Callable, cache_dir: Path, max_rows: int):
+        self.layer, self.cache_dir, self.max_rows = layer, cache_dir, max_rows
         self._runner = None  # the loaded package's runner: run(list of tensors) -> [h]
         self._structure: tuple | None = None  # (spec, graph constants) the package was traced with
         self._flat: dict[int, tuple[dict, list[torch.Tensor] | None]] = {}  # id(weights) -> (weights, tensors)
-        self.failed: str | None = None  # why there is no package; every call then runs the fallback
+        self.failed: str | None = None  # why there is no package
         self.seconds = 0.0  # spent exporting, compiling and loading
 
-    def serves(self, attention: bool, mlp: bool, order) -> bool:
-        return attention and mlp and order is None and self.failed is None
+    def serves(self, rows: int, order: torch.Tensor | None) -> bool:
+        """Whether calls of `rows` rows (with this attention `order`) may come here."""
+        return rows <= self.max_rows and order is None and self.failed is None
 
-    def __call__(self, h, cos, sin, keys, values, write, counts, weights, shape, attention, mlp, order, gemv):
-        if not self.serves(attention, mlp, order):
-            return self.fallback(h, cos, sin, keys, values, write, counts, weights, shape, attention, mlp, order, gemv)
+    def __call__(self, h, cos, sin, keys, values, write, counts, weights, shape) -> torch.Tensor | None:
+        """`compiled.decoder_layer`'s outputs for a whole layer (its arguments, less the flags), or
+        None where the package cannot serve these weights: the caller runs its graph instead."""
         if self._runner is None:
             self._build(h, cos, sin, keys, values, write, counts, weights, shape)
             if self.failed is not None:
-                return self.fallback(
-                    h, cos, sin, keys, values, write, counts, weights, shape, attention, mlp, order, gemv
-                )
+                return None
         tensors = self._tensors(weights)
         if tensors is None:  # a layer built otherwise than the one the package was traced with
-            return self.fallback(h, cos, sin, keys, values, write, counts, weights, shape, attention, mlp, order, gemv)
+            return None
         return self._runner.run([h, cos, sin, keys, values, write, counts, *tensors])[0]
 
     def _tensors(self, weights: dict) -> list[torch.Tensor] | None:
@@ -125,9 +127,12 @@ class PackagedLayer:
             if reason:
                 raise ValueError(reason)
             spec, constants, tensors = _split(weights)
-            module = _OneRowLayer(self.layer, spec, constants, shape)
-            buffer = torch.export.Dim("buffer", min=2)
-            dynamic = (None, None, None, {1: buffer}, {1: buffer}, None, None, tuple(None for _ in tensors))
+            module = _RowsLayer(self.layer, spec, constants, shape)
+            if h.shape[0] == 1:  # export would take the row count for the constant 1; only shapes matter
+                h, cos, sin, write, counts = (t.repeat(2, *[1] * (t.dim() - 1)) for t in (h, cos, sin, write, counts))
+            n = {0: torch.export.Dim("rows", min=1, max=self.max_rows)}
+            buffer = {1: torch.export.Dim("buffer", min=2)}
+            dynamic = (n, n, n, buffer, buffer, n, n, tuple(None for _ in tensors))
             program = torch.export.export(
                 module, (h, cos, sin, keys, values, write, counts, *tensors), dynamic_shapes=dynamic, strict=False
             )
@@ -145,7 +150,7 @@ class PackagedLayer:
                 package = torch._inductor.aoti_load_package(str(path))
         except Exception as err:  # export and Inductor raise many types; any of them means no package
             self.failed = f"{type(err).__name__}: {str(err).strip()[:300]}"
-            logger.warning("the one-token layer runs its torch.compile graph, not a package: %s", self.failed)
+            logger.warning("the decoder layer runs its torch.compile graphs, not a package: %s", self.failed)
             return
         # The package's own __call__ flattens its arguments with pytree, about 0.2 ms a layer call
         # (measured); its runner takes the flat list the step already has.
@@ -153,7 +158,11 @@ class PackagedLayer:
         self._structure = (spec, _graph_constants(constants))
         self.seconds = time.perf_counter() - begin
         logger.info(
-            "%s the one-token layer's package in %.1f s: %s", "built" if built else "loaded", self.seconds, path
+            "%s the decoder layer's package (1-%d rows) in %.1f s: %s",
+            "built" if built else "loaded",
+            self.max_rows,
+            self.seconds,
+            path,
         )
 
 
