@@ -43,6 +43,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
@@ -64,6 +65,11 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 MAX_BLOCK_ROWS = 64  # longer inputs (a prompt) run as blocks of this many rows
 KV_GROWTH = 2048  # buffers grow by whole multiples of this many positions (each size compiles once)
 RECOMPILE_LIMIT = 64  # graphs of the layer function a process may compile
+# Every graph and package of the layer runs Inductor's kernels on one thread: a one-row step leaves
+# threads idle, which Inductor fills by splitting a row's reductions (norms, attention) across them,
+# a sum order that a block's graph, parallel over its rows, does not share; at the 1.5B's widths that
+# moved logits by up to 1.5 and broke greedy SD's equality with AR. The GEMMs keep every thread.
+INDUCTOR_OPTIONS = MappingProxyType({"cpp.threads": 1})
 ATTENTION_ALIGN = 64  # attended length rounded up to this (whole SIMD vectors, fewer shapes)
 
 
@@ -437,24 +443,20 @@ class DecodeStep:
         # Each model size, row-count class, buffer size and routed plan is a graph of the one compiled
         # layer function: more than Dynamo's default of 8 before it would fall back to eager.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        # Inductor's kernels run on one thread: a one-row step leaves threads idle, which Inductor
-        # fills by splitting a row's reductions (norms, attention) across them, a sum order that a
-        # block's graph, parallel over its rows, does not share; at the 1.5B's widths that moved
-        # logits by up to 1.5 and broke greedy SD's equality with AR. The GEMMs keep every thread.
         self.native = _register_native_or_python_ops()
         self._layer = decoder_layer
         self._one_row = decoder_layer  # a one-row step with the GEMV on
         if compile:
-            self._layer = torch.compile(decoder_layer, fullgraph=True, options={"cpp.threads": 1})
+            self._layer = torch.compile(decoder_layer, fullgraph=True, options=dict(INDUCTOR_OPTIONS))
             # With the native operators the one-row graph holds no Python object, so Inductor can
             # write its wrapper in C++: about 0.2 ms less Python a layer call (docs/results/compiled.md).
             self._one_row = torch.compile(
-                decoder_layer, fullgraph=True, options={"cpp.threads": 1, "cpp_wrapper": self.native}
+                decoder_layer, fullgraph=True, options={**INDUCTOR_OPTIONS, "cpp_wrapper": self.native}
             )
         # Whole layers over a chain of a few rows (a decode step, a verify block) skip Dynamo (packaged.py).
         self._packaged = None
         if compile and self.native:
-            self._packaged = PackagedLayer(decoder_layer, inductor_cache_dir(), GEMV_MAX_ROWS)
+            self._packaged = PackagedLayer(decoder_layer, inductor_cache_dir(), GEMV_MAX_ROWS, INDUCTOR_OPTIONS)
         self.dtype = body.embed_tokens.weight.dtype
 
     def view(self, plan: list[tuple[int, bool, bool]]) -> DecodeStep:
@@ -536,10 +538,12 @@ class DecodeStep:
         gemv = n == 1 and self.native and gemv_enabled()
         layer = self._one_row if gemv else self._layer
         packaged = self._packaged if self._packaged is not None and self._packaged.serves(n, order) else None
+        if not gemv_enabled():  # the package's products are the GEMV's
+            packaged = None
         for i, attention, mlp in self.plan:
             keys, values = cache.keys.get(i), cache.values.get(i)
             out = None
-            if packaged is not None and attention and mlp and gemv_enabled():
+            if packaged is not None and attention and mlp:
                 out = packaged(h, cos, sin, keys, values, write, counts, self.weights[i], self.shape)
             if out is None:
                 out = layer(

@@ -28,9 +28,8 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import MappingProxyType
 
 import torch
 import torch.utils._pytree as pytree
@@ -39,9 +38,6 @@ from torch._opaque_base import OpaqueBase
 from . import native
 
 logger = logging.getLogger(__name__)
-
-INDUCTOR_OPTIONS = MappingProxyType({"cpp.threads": 1})  # as the compiled graphs (see DecodeStep.__init__)
-
 
 _TENSOR = object()  # where a tensor goes among a layer's constants (None is a constant: no bias)
 
@@ -88,13 +84,14 @@ class PackagedLayer:
     rows, every product on the GEMV operator, as one package (the row count is symbolic). It is
     built, or read from the cache, at the first call."""
 
-    def __init__(self, layer: Callable, cache_dir: Path, max_rows: int):
+    def __init__(self, layer: Callable, cache_dir: Path, max_rows: int, inductor_options: Mapping):
+        """`inductor_options`: the compiled graphs' own, so that the package's kernels are theirs."""
         self.layer, self.cache_dir, self.max_rows = layer, cache_dir, max_rows
+        self.inductor_options = inductor_options
         self._runner = None  # the loaded package's runner: run(list of tensors) -> [h]
         self._structure: tuple | None = None  # (spec, graph constants) the package was traced with
         self._flat: dict[int, tuple[dict, list[torch.Tensor] | None]] = {}  # id(weights) -> (weights, tensors)
         self.failed: str | None = None  # why there is no package
-        self.seconds = 0.0  # spent exporting, compiling and loading
 
     def serves(self, rows: int, order: torch.Tensor | None) -> bool:
         """Whether calls of `rows` rows (with this attention `order`) may come here."""
@@ -136,7 +133,7 @@ class PackagedLayer:
             program = torch.export.export(
                 module, (h, cos, sin, keys, values, write, counts, *tensors), dynamic_shapes=dynamic, strict=False
             )
-            path = self.cache_dir / "aoti" / f"decoder-layer-{_key(program)}.pt2"
+            path = self.cache_dir / "aoti" / f"decoder-layer-{_key(program, self.inductor_options)}.pt2"
             package = _read(path) if path.exists() else None
             built = package is None
             if built:
@@ -144,7 +141,7 @@ class PackagedLayer:
                 partial = path.with_suffix(f".{os.getpid()}.partial.pt2")
                 # a copy: Inductor adds its own entries to the dict, which would change the next key
                 torch._inductor.aoti_compile_and_package(
-                    program, package_path=str(partial), inductor_configs=dict(INDUCTOR_OPTIONS)
+                    program, package_path=str(partial), inductor_configs=dict(self.inductor_options)
                 )
                 os.replace(partial, path)  # whole or not at all: another process may build it too
                 package = torch._inductor.aoti_load_package(str(path))
@@ -156,12 +153,11 @@ class PackagedLayer:
         # (measured); its runner takes the flat list the step already has.
         self._runner = package.loader
         self._structure = (spec, _graph_constants(constants))
-        self.seconds = time.perf_counter() - begin
         logger.info(
             "%s the decoder layer's package (1-%d rows) in %.1f s: %s",
             "built" if built else "loaded",
             self.max_rows,
-            self.seconds,
+            time.perf_counter() - begin,
             path,
         )
 
@@ -175,6 +171,6 @@ def _read(path: Path):
         return None
 
 
-def _key(program: torch.export.ExportedProgram) -> str:
-    identity = [str(program), torch.__version__, repr(sorted(INDUCTOR_OPTIONS.items())), str(native.library_path())]
+def _key(program: torch.export.ExportedProgram, inductor_options: Mapping) -> str:
+    identity = [str(program), torch.__version__, repr(sorted(inductor_options.items())), str(native.library_path())]
     return hashlib.sha256("\n".join(identity).encode()).hexdigest()[:16]
