@@ -141,6 +141,9 @@ def test_an_editable_install_reads_conf_and_third_party_from_the_checkout():
     assert Path(pearl.__file__).parent == REPO / "third_party" / "pearl"
 
 
+# Slow-marked for the 15-min default run: the search's install into the user config directory and
+# every command's search path stay covered there (tests/search/test_cli.py, the test at the end).
+@pytest.mark.slow
 def test_search_then_generate_with_its_mask_from_another_directory(installed):
     package = installed["site"] / "viasd_adapters"
     before = tree_digest(package)

@@ -939,6 +939,9 @@ def test_a_head_precision_that_is_not_one_of_the_choices_is_refused(tiny_pair):
         EagleDecoder(target=_target(tiny_pair), head=head, head_precision="bf16")
 
 
+# Llama in the slow run only: each architecture builds its packages cold in CI (about 40 s), and the
+# Qwen2 variant, the tiered test below and the real pair's EAGLE test cover the same path.
+@pytest.mark.parametrize("accepting_pair", [pytest.param("llama", marks=pytest.mark.slow), "qwen2"], indirect=True)
 def test_eagle_on_the_compiled_int8_target_reproduces_its_ar(accepting_pair):
     """EAGLE's tree rows go through the compiled decode step (a tree is a mask there) into EAGLE's own
     KV buffers, and its tokens equal the compiled int8 target's AR."""

@@ -206,6 +206,25 @@ def test_a_slim_view_runs_its_own_plan_on_the_targets_compiled_layer(int8_model,
     assert torch.equal(hidden_by_blocks(step, ids, [len(ids)]), hidden_by_blocks(step, ids, [3] + [1] * (len(ids) - 3)))
 
 
+def test_the_cost_measurements_time_the_slim_view_the_verifier_runs(int8_model, monkeypatch):
+    """The slim / full ratio and the profile's slim points time the view on the target's compiled
+    step, as the tiered verifier runs it: timed eagerly beside the compiled target, the int8 1.5B's
+    view without 4 of its 28 layers cost 1.05x the whole target."""
+    from viasd_adapters.costs import measure, timing
+
+    model, timed = int8_model.model, []
+
+    def spy(models, *args, **kwargs):
+        timed.append(models)
+        return real(models, *args, **kwargs)
+
+    real = timing.time_forwards
+    monkeypatch.setattr(timing, "time_forwards", spy)
+    timing.measure_cost_ratio(model, RoutingMask([2]), PROMPT, 2, repetitions=1, warmup=0)
+    assert decode_step(timed[0]["slim"]) is not None
+    assert [decode_step(view) is not None for view in measure._slim_views(model, [RoutingMask([2])]).values()] == [True]
+
+
 def test_tiers_on_the_compiled_target_escalating_everything_equal_its_ar(int8_model):
     """The tiered verifier's slim runner takes the compiled view; with every token escalated the
     output is the compiled target's AR, and the slim forwards really ran."""

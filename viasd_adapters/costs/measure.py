@@ -18,7 +18,7 @@ from ..hardware import cpu_info, device_label
 from ..models import LoadedModel, ModelSpec, load_model
 from ..models.precision import Precision
 from ..models.quantize import QUANTIZATIONS, quantized_copy
-from ..routing import RoutingMask, SlimModel
+from ..routing import RoutingMask, decoding_view
 from .choice import winnable_dtypes
 from .model import attention_share
 from .profile import LatencyEntry, LatencyProfile, draft_head_key, split_variant
@@ -186,7 +186,7 @@ def _slim_views(model: torch.nn.Module, masks) -> dict[float, torch.nn.Module]:
     if not masks:
         return {}
     L, share = int(model.config.num_hidden_layers), attention_share(model)
-    return {float(L - mask.skipped_cost(share)): SlimModel(model, mask) for mask in masks}
+    return {float(L - mask.skipped_cost(share)): decoding_view(model, mask) for mask in masks}
 
 
 def measure_pair(

@@ -17,7 +17,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..hardware import synchronize
-from ..routing import RoutingMask, SlimModel
+from ..routing import RoutingMask, decoding_view
 from ..runner import CausalLMRunner
 
 
@@ -92,7 +92,7 @@ def measure_cost_ratio(
     order of slim and full alternates between repetitions."""
     B, C = context_ids.shape
     times = time_forwards(
-        {"full": target, "slim": SlimModel(target, mask)}, context_ids, [new_tokens], repetitions, warmup=warmup
+        {"full": target, "slim": decoding_view(target, mask)}, context_ids, [new_tokens], repetitions, warmup=warmup
     )
     full, slim = times["full"][new_tokens], times["slim"][new_tokens]
     ratios = [s / f for s, f in zip(slim, full)]

@@ -2,6 +2,15 @@
 
 from .mask import RoutingMask, format_layers
 from .shared_prefix import SharedPrefixRunner, UpperLayers
-from .slim import FAMILIES, HiddenState, SlimModel
+from .slim import FAMILIES, HiddenState, SlimModel, decoding_view
 
-__all__ = ["FAMILIES", "HiddenState", "RoutingMask", "SharedPrefixRunner", "SlimModel", "UpperLayers", "format_layers"]
+__all__ = [
+    "FAMILIES",
+    "HiddenState",
+    "RoutingMask",
+    "SharedPrefixRunner",
+    "SlimModel",
+    "UpperLayers",
+    "decoding_view",
+    "format_layers",
+]

@@ -376,6 +376,14 @@ def keep_positions(cache: Cache | StaticKV, start: int, positions: torch.Tensor)
         layer.keys, layer.values = keys[..., index, :], values[..., index, :]
 
 
+def decoding_view(target: PreTrainedModel, mask: RoutingMask) -> SlimModel:
+    """The slim view of `target` as a tiered verifier runs it: on the target's compiled decode step
+    where it has one (timing a view eagerly beside a compiled target prices the slim pass wrong)."""
+    view = SlimModel(target, mask)
+    compile_view(view, target)
+    return view
+
+
 def compile_view(view: SlimModel, target: PreTrainedModel) -> bool:
     """Run `view` on `target`'s compiled decode step (the view's layers and sub-blocks only), when the
     target has one; returns whether it does."""
