@@ -939,9 +939,12 @@ def test_a_head_precision_that_is_not_one_of_the_choices_is_refused(tiny_pair):
         EagleDecoder(target=_target(tiny_pair), head=head, head_precision="bf16")
 
 
-# Llama in the slow run only: each architecture builds its packages cold in CI (about 40 s), and the
-# Qwen2 variant, the tiered test below and the real pair's EAGLE test cover the same path.
-@pytest.mark.parametrize("accepting_pair", [pytest.param("llama", marks=pytest.mark.slow), "qwen2"], indirect=True)
+# Llama in the slow run only (these two tests): each architecture builds its packaged layers cold in
+# CI (20-40 s a test), and the Qwen2 variants and the real pair's EAGLE test cover the same path.
+LLAMA_SLOW = [pytest.param("llama", marks=pytest.mark.slow), "qwen2"]
+
+
+@pytest.mark.parametrize("accepting_pair", LLAMA_SLOW, indirect=True)
 def test_eagle_on_the_compiled_int8_target_reproduces_its_ar(accepting_pair):
     """EAGLE's tree rows go through the compiled decode step (a tree is a mask there) into EAGLE's own
     KV buffers, and its tokens equal the compiled int8 target's AR."""
@@ -968,6 +971,7 @@ def test_eagle_on_the_compiled_int8_target_reproduces_its_ar(accepting_pair):
     assert 0 < eagle.stats.accepted < eagle.stats.drafted
 
 
+@pytest.mark.parametrize("accepting_pair", LLAMA_SLOW, indirect=True)
 def test_tiered_eagle_on_the_compiled_int8_target_scores_trees_on_the_compiled_view(accepting_pair):
     """u = the compiled target itself: its tree passes (score_tree) and path compaction (keep_path)
     run on the compiled step's buffers, and tiers 1-2 keep exactly q's greedy tokens."""

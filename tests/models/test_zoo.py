@@ -199,7 +199,8 @@ def test_smollm2_cache_reproduces_gguf_logits(tmp_path):
     _assert_cache_reproduces_gguf_logits(SMOL, tmp_path)
 
 
-@pytest.mark.parametrize("name", [QWEN_05, pytest.param(QWEN_15, marks=pytest.mark.slow)])
+@pytest.mark.slow  # the 15-min default run: the SmolLM2 test above checks the same conversion from GGUF
+@pytest.mark.parametrize("name", [QWEN_05, QWEN_15])
 def test_qwen_tokenizer_matches_gguf_metadata(name, tmp_path):
     meta = _metadata(name, tmp_path)
     folder = ensure_cached(name)
