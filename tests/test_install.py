@@ -142,7 +142,8 @@ def test_an_editable_install_reads_conf_and_third_party_from_the_checkout():
 
 
 # Slow-marked for the 15-min default run: the search's install into the user config directory and
-# every command's search path stay covered there (tests/search/test_cli.py, the test at the end).
+# every command's search path stay covered there (tests/search/test_cli.py,
+# test_every_command_searches_the_user_config_dir below).
 @pytest.mark.slow
 def test_search_then_generate_with_its_mask_from_another_directory(installed):
     package = installed["site"] / "viasd_adapters"

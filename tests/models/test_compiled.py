@@ -212,13 +212,12 @@ def test_the_cost_measurements_time_the_slim_view_the_verifier_runs(int8_model, 
     view without 4 of its 28 layers cost 1.05x the whole target."""
     from viasd_adapters.costs import measure, timing
 
-    model, timed = int8_model.model, []
+    model, timed, real = int8_model.model, [], timing.time_forwards
 
     def spy(models, *args, **kwargs):
         timed.append(models)
         return real(models, *args, **kwargs)
 
-    real = timing.time_forwards
     monkeypatch.setattr(timing, "time_forwards", spy)
     timing.measure_cost_ratio(model, RoutingMask([2]), PROMPT, 2, repetitions=1, warmup=0)
     assert decode_step(timed[0]["slim"]) is not None
