@@ -80,6 +80,19 @@ def test_adaptive_schedule_follows_recent_rounds():
     assert schedule.next() == start and schedule.acceptance == pytest.approx(0.6)
 
 
+def test_a_schedule_that_stopped_drafting_drafts_again_within_its_window():
+    # k_min = 0 (method=auto): a bad stretch makes K = 0, AR steps, which say nothing about a.
+    schedule = AdaptiveDraftLength(AMX, k_max=8, k_min=0, prior_acceptance=0.8, prior_rounds=2, window=8)
+    start = schedule.next()
+    assert start > 0
+    for _ in range(8):
+        schedule.update(drafted=max(schedule.next(), 1), accepted=0)
+    assert schedule.next() == 0
+    for _ in range(8):  # eight AR steps: the bad rounds age out
+        schedule.update(drafted=0, accepted=0)
+    assert schedule.acceptance == pytest.approx(0.8) and schedule.next() == start
+
+
 def test_adaptive_schedule_reads_costs_at_the_thread_count_of_the_generation(monkeypatch):
     seen = []
     schedule = AdaptiveDraftLength(lambda threads: seen.append(threads) or AMX)

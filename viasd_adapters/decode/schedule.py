@@ -121,7 +121,9 @@ class AdaptiveDraftLength(DraftLength):
 
     The estimate starts from `prior_acceptance`, worth `prior_rounds` rejected rounds, so the
     first rounds of a generation draft what the pair usually accepts and a few bad rounds do not
-    collapse K to `k_min` for good. `costs` may be a function of the torch thread count, read
+    collapse K to `k_min` for good. With `k_min = 0` a round may draft nothing (an AR step), which
+    tells nothing about a: each such round drops the oldest round of the window instead, so after
+    at most `window` AR steps the estimate is the prior again and drafting is tried anew. `costs` may be a function of the torch thread count, read
     at the start of each generation (a benchmark runs methods at different thread counts).
     """
 
@@ -166,3 +168,5 @@ class AdaptiveDraftLength(DraftLength):
     def update(self, drafted: int, accepted: int) -> None:
         if drafted:
             self.recent.append((accepted, int(accepted < drafted)))
+        elif self.recent:  # without it, K = 0 would learn nothing and stay 0 to the end
+            self.recent.popleft()
