@@ -53,8 +53,11 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# Two workers (pytest-xdist): most tests keep one core busy. The tests that convert or load the
+# Qwen models run on one worker, one after another (the large_models marker, tests/conftest.py).
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
 
 test-slow: setup
 	$(BIN)/pytest -m slow

@@ -13,6 +13,16 @@ from viasd_adapters.models import LoadedModel, ModelSpec, TinyModelConfig
 from viasd_adapters.models.tiny import build_tiny_model, perturb_weights
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+    """Under `make test`'s workers (`--dist loadgroup`), the tests that convert or load the Qwen
+    models share one worker: two 1.5B models at once (9 GB each while converting, 8 GB for the int8
+    pair's test) would not fit a small CI machine's memory."""
+    for item in items:
+        if item.get_closest_marker("large_models"):
+            item.add_marker(pytest.mark.xdist_group("large_models"))
+
+
 def import_or_skip_outside_ci(module: str):
     """`module`, imported; outside CI a missing one skips the test, under CI (CI=true, as `.ci/run`
     sets it) it fails it: there the setup installs every optional host (`make setup`)."""

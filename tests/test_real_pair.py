@@ -15,6 +15,8 @@ from viasd_adapters.models.compiled import decode_step
 from viasd_adapters.pipeline import Pipeline, build_decoder, load_pair
 from viasd_adapters.runner import CausalLMRunner
 
+pytestmark = pytest.mark.large_models  # one worker runs these, one after another (tests/conftest.py)
+
 PROMPT = "prompt=Write a Python function that returns the n-th Fibonacci number."
 DEVICE = os.environ.get("VIASD_TEST_DEVICE", "cpu")
 LOGIT_TOLERANCE = 2.0  # compiled against eager int8 logits (see the int8 test)

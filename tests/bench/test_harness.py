@@ -259,7 +259,8 @@ def test_records_state_cores_and_cpu_time_and_pair_equal_cores(cores_run):
         two = r["method"].endswith("-2t")
         assert (r["threads"], r["cores"]) == ((2, 2) if two else (1, 1))
         assert r["kind"] == r["method"].removesuffix("-2t")
-        assert r["cpu_seconds"] > 0 and r["cpu_seconds_per_token"] == pytest.approx(r["cpu_seconds"] / r["new_tokens"])
+        # the kernel counts CPU time in 10 ms ticks, which one 8-token tiny generation may not reach
+        assert r["cpu_seconds"] >= 0 and r["cpu_seconds_per_token"] == pytest.approx(r["cpu_seconds"] / r["new_tokens"])
         base = by[("ar-2t" if two else "ar", r["prompt_id"])]
         assert r["baseline_same_cores"] == base["method"]
         assert r["speedup_same_cores"] == pytest.approx(r["tokens_per_second"] / base["tokens_per_second"])
@@ -267,6 +268,7 @@ def test_records_state_cores_and_cpu_time_and_pair_equal_cores(cores_run):
         assert parts == pytest.approx(r["ms_per_token"]) and r["ms_per_token"] == pytest.approx(
             1000 / r["tokens_per_second"]
         )
+    assert sum(r["cpu_seconds"] for r in cores_run.records) > 0
     sd = by[("sd", "1")]
     assert sd["draft_ms_per_token"] > 0 and sd["speedup_bound_no_overhead"] > sd["speedup_same_cores"]
     assert by[("ar", "1")]["draft_ms_per_token"] == 0.0
@@ -303,17 +305,18 @@ def test_cpu_time_includes_child_processes():
 
     from viasd_adapters.bench.resources import ResourceProbe
 
-    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\nprint(flush=True)\ntime.sleep(60)"
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.65: pass\nprint(flush=True)\ntime.sleep(60)"
     probe = ResourceProbe()
     probe.start()
     child = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE)
     try:
-        child.stdout.readline()  # the child has burnt its 0.6 s of CPU and sleeps, still alive
+        child.stdout.readline()  # the child has burnt its 0.65 s of CPU and sleeps, still alive
         record = probe.stop()
     finally:
         child.kill()
         child.wait()
-    assert record["cpu_seconds"] >= 0.6  # this process waited: most of the CPU time is the child's
+    # this process waited: most of the CPU time is the child's (counted in ticks, a little under 0.65)
+    assert record["cpu_seconds"] >= 0.6
 
 
 def test_a_sharded_run_cut_mid_prompt_resumes_where_it_stopped(tmp_path, monkeypatch):

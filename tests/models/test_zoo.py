@@ -7,7 +7,10 @@ they fail with the pip command that fixes it, on purpose: CI installs them.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ from viasd_adapters.models import (
     OfflineSource,
     TinyModelConfig,
     load_model,
+    offline,
 )
 from viasd_adapters.models.offline import (
     assemble_gguf,
@@ -29,6 +33,8 @@ from viasd_adapters.models.offline import (
     locate_chunks,
     read_tokenizer_meta,
 )
+
+pytestmark = pytest.mark.large_models  # one worker runs these, one after another (tests/conftest.py)
 
 SMOL = "smollm2-135m-instruct"
 QWEN_05, QWEN_15 = "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"
@@ -169,6 +175,31 @@ def test_smollm2_tokenizer_matches_gguf_metadata(smol, tmp_path):
     assert chat[0] == tok.convert_tokens_to_ids("<|im_start|>") and chat[1] != chat[0]
     assert chat.count(2) == chat.count(1) - 1  # every closed turn ends with a single <|im_end|>
     assert 2 in smol.stop_token_ids
+
+
+def test_processes_that_load_a_model_at_once_convert_it_once(monkeypatch, tmp_path, caplog):
+    # The conversion is replaced by a copy of the converted folder that takes a second: what is
+    # tested is who converts, and a real conversion twice would add half a minute to the run.
+    real = ensure_cached(SMOL)
+    conversions = []
+
+    def copy_converted(source, gguf_path, info, out):
+        conversions.append(threading.get_ident())
+        time.sleep(1.0)  # long enough for the second loader to find the lock taken
+        shutil.copytree(real, out)
+
+    monkeypatch.setenv("VIASD_CACHE", str(tmp_path))
+    monkeypatch.setattr(offline, "_convert", copy_converted)
+    folders: list[Path] = []
+    loaders = [threading.Thread(target=lambda: folders.append(ensure_cached(SMOL))) for _ in range(2)]
+    with caplog.at_level(logging.INFO, logger=offline.__name__):
+        for loader in loaders:
+            loader.start()
+        for loader in loaders:
+            loader.join()
+    assert len(conversions) == 1 and folders == [cache_dir(SMOL)] * 2
+    assert any("waiting for another process converting" in r.message for r in caplog.records)
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [SMOL]  # no temporary folder left
 
 
 def test_smollm2_cache_is_reused():

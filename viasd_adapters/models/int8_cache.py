@@ -6,7 +6,8 @@ quantisation computes, so a cached load gives bitwise the same model (tests/mode
 
 A cache file records what it was made from (the folder's weight and config files, sizes and
 modification times; the quantisation's settings; torch's version) and is remade when any of it
-changes. An unreadable or stale file is remade with a warning, never trusted.
+changes. An unreadable or stale file is remade with a warning, never trusted. Processes that
+load one model at once quantise it once: the others wait for the file.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
-from .offline import cache_root
+from .offline import cache_root, one_at_a_time
 from .quantize import CALIBRATION_TEXT, OUTLIER_SHARE, Int8Weights, calibrate_outliers, quantize_linears
 
 logger = logging.getLogger(__name__)
@@ -54,9 +55,21 @@ def cache_key(source: Path) -> dict:
 def quantize_int8(model: PreTrainedModel, tokenizer, source: Path | None) -> None:
     """`model` quantised to int8 in place (`quantize.quantize_linears` with calibrated outlier
     channels), read from or written to the cache of the folder `source` (None: no cache)."""
+    if source is None:
+        _quantize(model, tokenizer, None, None, None)
+        return
+    path, key = cache_path(source), cache_key(source)
+    stored = _read(path, key)
+    if stored is not None:
+        _quantize(model, tokenizer, stored, path, key)
+        return
+    with one_at_a_time(f"int8-{path.stem}", f"quantising {source.name}"):
+        # another process may have written it while this one waited
+        _quantize(model, tokenizer, _read(path, key, quiet=True), path, key)
+
+
+def _quantize(model, tokenizer, stored: dict | None, path: Path | None, key: dict | None) -> None:
     start = time.perf_counter()
-    path, key = (cache_path(source), cache_key(source)) if source is not None else (None, None)
-    stored = _read(path, key) if path is not None else None
     if stored is None:
         outliers = calibrate_outliers(model, tokenizer)
     else:
@@ -65,7 +78,7 @@ def quantize_int8(model: PreTrainedModel, tokenizer, source: Path | None) -> Non
     quantize_linears(model, "int8", outliers=outliers, weights=weights)
     seconds = time.perf_counter() - start
     if stored is None:
-        logger.info("quantised %s to int8 in %.1f s", source or "the model", seconds)
+        logger.info("quantised %s to int8 in %.1f s", path or "the model", seconds)
         if path is not None:
             _write(path, key, {**weights.state(), **{_OUTLIERS + name: t for name, t in outliers.items()}})
     elif weights.quantized:
@@ -77,10 +90,10 @@ def quantize_int8(model: PreTrainedModel, tokenizer, source: Path | None) -> Non
         )
         path.unlink(missing_ok=True)
     else:
-        logger.info("int8 weights of %s read from %s in %.1f s", source, path, seconds)
+        logger.info("int8 weights read from %s in %.1f s", path, seconds)
 
 
-def _read(path: Path, key: dict) -> dict[str, torch.Tensor] | None:
+def _read(path: Path, key: dict, quiet: bool = False) -> dict[str, torch.Tensor] | None:
     """The cached tensors, or None (with the reason logged) when there are none to trust."""
     if not path.exists():
         return None
@@ -88,6 +101,8 @@ def _read(path: Path, key: dict) -> dict[str, torch.Tensor] | None:
         with safe_open(str(path), "pt") as f:
             recorded = json.loads((f.metadata() or {}).get("key", "null"))
         if recorded != key:
+            if quiet:  # said once already, before waiting for the lock
+                return None
             logger.warning(
                 "int8 cache %s was made from other files or settings; quantising anew (about half a minute"
                 " for a 1.5B model) and replacing it",

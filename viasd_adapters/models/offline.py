@@ -4,7 +4,8 @@ The first load assembles the chunks into one GGUF, dequantises it with transform
 the tokenizer from the GGUF metadata and saves an fp32 safetensors folder in the cache
 (`$VIASD_CACHE/models/<name>`, default `~/.cache/viasd-adapters/models/<name>`). Later loads
 read that folder only. The folder is built under a temporary name and renamed when
-complete, so an interrupted conversion never leaves a half folder behind.
+complete, so an interrupted conversion never leaves a half folder behind; processes that start
+at once convert a model once, the others waiting for it (`one_at_a_time`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from filelock import FileLock, Timeout
 from safetensors import SafetensorError, safe_open
 from tokenizers import AddedToken
 from tqdm.auto import tqdm
@@ -354,22 +358,52 @@ def cache_problems(folder: Path, source: OfflineSource) -> list[str]:
     return problems
 
 
+@contextmanager
+def one_at_a_time(name: str, work: str) -> Iterator[None]:
+    """Holds the lock `name` (a file in `$VIASD_CACHE/locks`) while doing `work`, which a second
+    process would otherwise repeat (the same conversion, twice the memory); says so when it waits.
+    Where the lock file cannot be made (an unwritable cache), the work goes on unlocked."""
+    lock = cache_root() / "locks" / f"{name}.lock"
+    guard = FileLock(lock)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            guard.acquire(timeout=0)
+        except Timeout:
+            logger.info("waiting for another process %s (lock %s)", work, lock)
+            guard.acquire()
+    except OSError as err:
+        logger.warning("could not take the lock %s (%s); %s without it", lock, err, work)
+        yield
+        return
+    try:
+        yield
+    finally:
+        guard.release()
+
+
 def ensure_cached(name: str) -> Path:
     """The fp32 folder of offline model `name`, converting it on first use."""
     if name not in OFFLINE_MODELS:
         raise ValueError(f"{name!r} is not an offline model; known: {', '.join(OFFLINE_MODELS)}")
     source = OFFLINE_MODELS[name]
     folder = cache_dir(name)
-    if folder.exists():
-        problems = cache_problems(folder, source)
-        if problems:
-            raise ValueError(
-                f"cached model folder {folder} is incomplete or stale: {'; '.join(problems)}. "
-                f"Delete it (`rm -rf '{folder}'`) and load again to rebuild it."
-            )
-        return folder
+    if not folder.exists():
+        chunks = locate_chunks(source)  # fail before any work if a package is missing
+        with one_at_a_time(f"convert-{name}", f"converting {name}"):
+            if not folder.exists():  # not converted while this process waited
+                _convert_into(folder, source, chunks)
+    problems = cache_problems(folder, source)
+    if problems:
+        raise ValueError(
+            f"cached model folder {folder} is incomplete or stale: {'; '.join(problems)}. "
+            f"Delete it (`rm -rf '{folder}'`) and load again to rebuild it."
+        )
+    return folder
 
-    chunks = locate_chunks(source)  # fail before any work if a package is missing
+
+def _convert_into(folder: Path, source: OfflineSource, chunks: list[Path]) -> None:
+    name = source.name
     folder.parent.mkdir(parents=True, exist_ok=True)
     for stale in folder.parent.glob(f".{name}.tmp-*"):
         logger.warning("%s looks left over from an interrupted conversion; delete it", stale)
@@ -383,15 +417,9 @@ def ensure_cached(name: str) -> Path:
             info = assemble_gguf(chunks, gguf_path)
         out = work / "model"
         _convert(source, gguf_path, info, out)
-        try:
-            out.rename(folder)  # atomic: the folder appears complete or not at all
-        except OSError:
-            if cache_problems(folder, source):
-                raise
-            logger.info("another process finished converting %s first; using its folder", name)
+        out.rename(folder)  # atomic: the folder appears complete or not at all
     finally:
         shutil.rmtree(work, ignore_errors=True)  # also removes the assembled GGUF
-    return folder
 
 
 def gguf_file(name: str) -> Path:
