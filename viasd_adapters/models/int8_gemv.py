@@ -12,9 +12,9 @@ It computes bit for bit what `quantize._RowQuantGemm` computes with fbgemm: each
 uint8, zero point 64), the exact integer dot products, then fbgemm's per-channel epilogue and the
 row's maximum (tests/models/test_int8_gemv.py). Which kernel runs therefore changes no output:
 row counts up to `GEMV_MAX_ROWS` take this one, more (a prompt) take fbgemm's, which is faster on
-many rows. It keeps its own unpacked copy of the int8 weight: fbgemm's packed object holds only
-its packed layout, and unpacking builds a new tensor (about 80 ms for a 1.5B MLP weight), so an
-int8 model holds its weights twice, about 1.5 GB more for Qwen2.5-Coder-1.5B.
+many rows. It keeps its own plain copy of the int8 weight, taken before fbgemm packs it: the
+packed object holds only its packed layout. So an int8 model holds its weights twice, about
+1.5 GB more for Qwen2.5-Coder-1.5B.
 
 The kernel is one of the project's native operators (`torch.ops.viasd.w8a8_gemv`, native.py), built
 on first use. Where they cannot be built or run, it is not used (one log line) and fbgemm serves

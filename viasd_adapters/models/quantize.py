@@ -166,8 +166,9 @@ class _RowQuantGemm:
         self.out_features = qweight.shape[0]
         self.bounds = torch.zeros(1, qweight.shape[1])
         self.bounds[0, 0], self.bounds[0, -1] = 1.0, -1.0
-        # The GEMV keeps an unpacked copy of the int8 weight (int8_gemv.py says what it costs).
-        self.gemv = gemv_for(self.quantized_weight())
+        # The GEMV keeps its own copy of the int8 weight (int8_gemv.py says what it costs), taken
+        # before packing: unpacking it again would cost a third of a cached model's load.
+        self.gemv = gemv_for(qweight)
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
         """[M, K] fp32 -> [M, N] fp32."""
