@@ -123,8 +123,9 @@ class AdaptiveDraftLength(DraftLength):
     first rounds of a generation draft what the pair usually accepts and a few bad rounds do not
     collapse K to `k_min` for good. With `k_min = 0` a round may draft nothing (an AR step), which
     tells nothing about a: each such round drops the oldest round of the window instead, so after
-    at most `window` AR steps the estimate is the prior again and drafting is tried anew. `costs` may be a function of the torch thread count, read
-    at the start of each generation (a benchmark runs methods at different thread counts).
+    at most `window` AR steps the estimate is the prior again and drafting is tried anew. `costs`
+    may be a function of the torch thread count, read at the start of each generation (a benchmark
+    runs methods at different thread counts).
     """
 
     def __init__(

@@ -56,19 +56,19 @@ def quantize_int8(model: PreTrainedModel, tokenizer, source: Path | None) -> Non
     """`model` quantised to int8 in place (`quantize.quantize_linears` with calibrated outlier
     channels), read from or written to the cache of the folder `source` (None: no cache)."""
     if source is None:
-        _quantize(model, tokenizer, None, None, None)
+        _quantize(model, tokenizer, None, None, None, "the model")
         return
     path, key = cache_path(source), cache_key(source)
     stored = _read(path, key)
     if stored is not None:
-        _quantize(model, tokenizer, stored, path, key)
+        _quantize(model, tokenizer, stored, path, key, source)
         return
     with one_at_a_time(f"int8-{path.stem}", f"quantising {source.name}"):
         # another process may have written it while this one waited
-        _quantize(model, tokenizer, _read(path, key, quiet=True), path, key)
+        _quantize(model, tokenizer, _read(path, key, quiet=True), path, key, source)
 
 
-def _quantize(model, tokenizer, stored: dict | None, path: Path | None, key: dict | None) -> None:
+def _quantize(model, tokenizer, stored: dict | None, path: Path | None, key: dict | None, source: Path | str) -> None:
     start = time.perf_counter()
     if stored is None:
         outliers = calibrate_outliers(model, tokenizer)
@@ -78,7 +78,7 @@ def _quantize(model, tokenizer, stored: dict | None, path: Path | None, key: dic
     quantize_linears(model, "int8", outliers=outliers, weights=weights)
     seconds = time.perf_counter() - start
     if stored is None:
-        logger.info("quantised %s to int8 in %.1f s", path or "the model", seconds)
+        logger.info("quantised %s to int8 in %.1f s", source, seconds)
         if path is not None:
             _write(path, key, {**weights.state(), **{_OUTLIERS + name: t for name, t in outliers.items()}})
     elif weights.quantized:
@@ -90,7 +90,7 @@ def _quantize(model, tokenizer, stored: dict | None, path: Path | None, key: dic
         )
         path.unlink(missing_ok=True)
     else:
-        logger.info("int8 weights read from %s in %.1f s", path, seconds)
+        logger.info("int8 weights of %s read from %s in %.1f s", source, path, seconds)
 
 
 def _read(path: Path, key: dict, quiet: bool = False) -> dict[str, torch.Tensor] | None:
