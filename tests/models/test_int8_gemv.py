@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from viasd_adapters.models import native
-from viasd_adapters.models.int8_gemv import GEMV_MAX_ROWS, fbgemm_only
+from viasd_adapters.models.int8_gemv import GEMV_MAX_ROWS, _channel_sums, fbgemm_only
 from viasd_adapters.models.quantize import _RowQuantGemm
 
 pytestmark = pytest.mark.skipif(
@@ -114,3 +114,11 @@ def test_a_runner_without_the_gemv_runs_fbgemm_and_gets_the_same_logits(compiled
         calls = [e.key for e in profile.key_averages() if e.key == "viasd::w8a8_gemv"]
         assert bool(calls) == gemv
     assert torch.equal(logits[True], logits[False])
+
+
+@pytest.mark.parametrize("shape", [(3, 7), (1, 1), (896, 4864)])
+@pytest.mark.parametrize("values", [(-127, 128), (-128, -127), (127, 128)])
+def test_the_channel_sums_are_exact(shape, values):
+    # the fast path is an int8 product with ones: no saturation at the int8 extremes, any shape
+    weight = torch.randint(*values, shape, dtype=torch.int8, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(_channel_sums(weight), weight.sum(1, dtype=torch.int32))

@@ -69,12 +69,22 @@ class Int8Gemv:
         weight = qweight.int_repr().contiguous()  # [N, K] int8
         multiplier = act_scale * qweight.q_per_channel_scales().float()  # [N], fbgemm's float product
         # `torch.ops.viasd.w8a8_gemv`'s arguments after the rows (a compiled graph passes them itself)
-        self.args = (weight, weight.sum(1, dtype=torch.int32), multiplier, float(1.0 / act_scale), zero_point)
+        self.args = (weight, _channel_sums(weight), multiplier, float(1.0 / act_scale), zero_point)
         self.out_features, self.in_features = qweight.shape
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
         """[M, K] fp32 -> [M, N] fp32, M <= GEMV_MAX_ROWS."""
         return torch.ops.viasd.w8a8_gemv(rows, *self.args)
+
+
+def _channel_sums(weight: torch.Tensor) -> torch.Tensor:
+    """[N] int32: each row of the [N, K] int8 `weight` summed, exactly. As an int8 product with
+    ones (exact int32 sums): 2 ms for the 1.5B's MLP weight on a Zen 5, against 30 ms for
+    `weight.sum(1)`, which made a tenth of a cached model's load."""
+    try:
+        return torch._int_mm(weight, torch.ones(weight.shape[1], 8, dtype=torch.int8))[:, 0].contiguous()
+    except (RuntimeError, AttributeError):  # a torch without the CPU kernel
+        return weight.sum(1, dtype=torch.int32)
 
 
 def gemv_for(qweight: torch.Tensor) -> Int8Gemv | None:

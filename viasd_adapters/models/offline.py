@@ -364,7 +364,7 @@ def one_at_a_time(name: str, work: str) -> Iterator[None]:
     process would otherwise repeat (the same conversion, twice the memory); says so when it waits.
     Where the lock file cannot be made (an unwritable cache), the work goes on unlocked."""
     lock = cache_root() / "locks" / f"{name}.lock"
-    guard = FileLock(lock)
+    guard, held = FileLock(lock), False
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -372,14 +372,14 @@ def one_at_a_time(name: str, work: str) -> Iterator[None]:
         except Timeout:
             logger.info("waiting for another process %s (lock %s)", work, lock)
             guard.acquire()
+        held = True
     except OSError as err:
         logger.warning("could not take the lock %s (%s); %s without it", lock, err, work)
-        yield
-        return
     try:
         yield
     finally:
-        guard.release()
+        if held:
+            guard.release()
 
 
 def ensure_cached(name: str) -> Path:
