@@ -94,24 +94,25 @@ def _quantize(model, tokenizer, stored: dict | None, path: Path | None, key: dic
 
 
 def _read(path: Path, key: dict, quiet: bool = False) -> dict[str, torch.Tensor] | None:
-    """The cached tensors, or None (with the reason logged) when there are none to trust."""
+    """The cached tensors, or None (with the reason logged, unless `quiet`: a second read after
+    waiting for the lock) when there are none to trust."""
     if not path.exists():
         return None
     try:
         with safe_open(str(path), "pt") as f:
             recorded = json.loads((f.metadata() or {}).get("key", "null"))
         if recorded != key:
-            if quiet:  # said once already, before waiting for the lock
-                return None
-            logger.warning(
-                "int8 cache %s was made from other files or settings; quantising anew (about half a minute"
-                " for a 1.5B model) and replacing it",
-                path,
-            )
+            if not quiet:
+                logger.warning(
+                    "int8 cache %s was made from other files or settings; quantising anew (about half a"
+                    " minute for a 1.5B model) and replacing it",
+                    path,
+                )
             return None
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as err:
-        logger.warning("int8 cache %s is unreadable (%s); quantising anew and replacing it", path, err)
+        if not quiet:
+            logger.warning("int8 cache %s is unreadable (%s); quantising anew and replacing it", path, err)
         return None
 
 

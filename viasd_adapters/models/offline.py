@@ -417,7 +417,12 @@ def _convert_into(folder: Path, source: OfflineSource, chunks: list[Path]) -> No
             info = assemble_gguf(chunks, gguf_path)
         out = work / "model"
         _convert(source, gguf_path, info, out)
-        out.rename(folder)  # atomic: the folder appears complete or not at all
+        try:
+            out.rename(folder)  # atomic: the folder appears complete or not at all
+        except OSError:  # unlocked (a cache where no lock file could be made): another process won
+            if cache_problems(folder, source):
+                raise
+            logger.info("another process finished converting %s first; using its folder", name)
     finally:
         shutil.rmtree(work, ignore_errors=True)  # also removes the assembled GGUF
 
