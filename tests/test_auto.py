@@ -22,10 +22,13 @@ TINY = (
 )
 
 
-def write_profile(tmp_path, monkeypatch, int8_draft_ms: float) -> None:
+def write_profile(tmp_path, monkeypatch, int8_draft_ms: float, **variant_ms: float) -> None:
+    """A profile of the tiny pair: the target's steps and verifies, the int8-weight drafter's step
+    and those of `variant_ms` ({variant label: ms})."""
     monkeypatch.setenv("VIASD_CACHE", str(tmp_path))
     threads = torch.get_num_threads()
     costs = {"float32": {1: 100.0, 4: 104.0, 8: 108.0}, "float32+int8-weight": {1: int8_draft_ms}}
+    costs |= {variant: {1: ms} for variant, ms in variant_ms.items()}
     LatencyProfile(
         entries=[
             LatencyEntry(NAME, dtype, threads, 256, n, ms) for dtype, row in costs.items() for n, ms in row.items()
@@ -53,6 +56,29 @@ def test_auto_without_a_profile_says_how_to_measure_one(tmp_path, monkeypatch):
     monkeypatch.setenv("VIASD_CACHE", str(tmp_path))
     with pytest.raises(Exception, match="viasd-profile"):
         run(compose_generate(*TINY, "framework=auto"))
+
+
+@pytest.mark.parametrize("vocabulary_acceptance, reduced_chosen", [(None, True), (0.1, False)])
+def test_auto_drafts_over_the_draft_vocabulary_where_the_profile_prices_it_faster(
+    tmp_path, monkeypatch, vocabulary_acceptance, reduced_chosen
+):
+    from viasd_adapters.models.vocab import DraftVocabulary, ReducedHead
+
+    V = 257  # the tiny pair's vocabulary
+    vocabulary = str(DraftVocabulary(list(range(0, V, 2)), V).save(tmp_path / "half.json"))
+    reduced = f"float32@{vocabulary}"
+    write_profile(tmp_path, monkeypatch, int8_draft_ms=20.0, **{reduced: 5.0})
+    scored = []
+    forward = ReducedHead.forward
+    monkeypatch.setattr(ReducedHead, "forward", lambda self, hidden: scored.append(1) or forward(self, hidden))
+    pair_settings = [f"++model_pair.draft_vocabulary={vocabulary}"]
+    if vocabulary_acceptance is not None:
+        pair_settings.append(f"++model_pair.draft_vocabulary_acceptance={vocabulary_acceptance}")
+    _, ar = run(compose_generate(*TINY, "framework=ar"))
+    _, auto = run(compose_generate(*TINY, "framework=auto", *pair_settings))
+    assert auto.tokens == ar.tokens and auto.stats.drafted > 0
+    assert bool(scored) == reduced_chosen
+    assert auto.stats.model_calls["draft"].variant == (reduced if reduced_chosen else "float32+int8-weight")
 
 
 def _head_for_tiny_random(tmp_path, top_rate: float):

@@ -23,6 +23,24 @@ def test_the_intel_profile_chooses_sd_in_bf16_and_the_amd_one_greedy_ar():
         choose_configuration(INTEL, D, T, acceptance=0.8, threads=1)
 
 
+def test_a_drafter_over_a_draft_vocabulary_is_chosen_where_its_cheaper_step_outweighs_its_acceptance():
+    # the Zen 5's AVX2 shape: the 0.5B's step with its 32k draft head 11.1 ms against 14.4 with the full one
+    reduced = "int8@qwen2.5-coder-0.5b-instruct-32768"
+    p = profile_of({(T, "int8"): {1: 40.3, 2: 43.5, 4: 48.2, 8: 77.7}, (D, "int8"): {1: 14.4}, (D, reduced): {1: 11.1}})
+    variants = ["int8", reduced]
+    same = choose_configuration(p, D, T, acceptance=0.88, threads=2, dtypes=["int8"], draft_dtypes=variants)
+    assert (same.framework, same.draft_dtype, same.acceptance) == ("sd", reduced, 0.88)
+    assert "over the draft vocabulary qwen2.5-coder-0.5b-instruct-32768" in same.describe()
+    lower = choose_configuration(
+        p, D, T, acceptance=0.88, threads=2, dtypes=["int8"], draft_dtypes=variants, vocabulary_acceptance=0.7
+    )
+    assert (lower.framework, lower.draft_dtype, lower.acceptance) == ("sd", "int8", 0.88)
+    alone = choose_configuration(
+        p, D, T, acceptance=0.88, threads=2, dtypes=["int8"], draft_dtypes=[reduced], vocabulary_acceptance=0.7
+    )
+    assert alone.acceptance == 0.7 and alone.expected_speedup < same.expected_speedup  # priced at its own a
+
+
 def test_a_speedup_is_over_the_fastest_ar_not_ar_in_the_chosen_dtype():
     # fp32 verifies cheaply here but steps slower than bf16: the fp32 SD choice must be priced
     # against bf16 AR (200 ms), not against fp32 AR (300 ms).

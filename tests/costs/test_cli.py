@@ -11,30 +11,31 @@ from viasd_adapters.configs import CONFIG_DIR
 from viasd_adapters.costs import Choice, LatencyProfile
 from viasd_adapters.decode import DecodeStats, GenerationResult
 from viasd_adapters.models.quantize import Int8WeightLinear
+from viasd_adapters.models.vocab import DraftVocabulary, ReducedHead
 
 from .profiles import profile_of
 
 
-def test_the_demo_decodes_with_a_chosen_int8_drafter_beside_greedy_ar(monkeypatch):
+@pytest.mark.parametrize("variant", ["float32+int8-weight", "float32@{vocabulary}"])
+def test_the_demo_decodes_with_the_chosen_drafter_variant_beside_greedy_ar(monkeypatch, tmp_path, variant):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(
             "profile",
             overrides=["model_pair=tiny-random", "prompt=hello there", "max_new_tokens=12", "chat_template=false"],
         )
-    int8 = "float32+int8-weight"
+    variant = variant.format(vocabulary=DraftVocabulary(list(range(0, 257, 2)), 257).save(tmp_path / "half.json"))
     profile = profile_of(
-        {("tiny-random", "float32"): {1: 10.0, 8: 11.0}, ("tiny-random", int8): {1: 2.0}},
+        {("tiny-random", "float32"): {1: 10.0, 8: 11.0}, ("tiny-random", variant): {1: 2.0}},
         threads=torch.get_num_threads(),
     )
-    choice = Choice("sd", "float32", int8, 3, 1.5, 150.0, 100.0, torch.get_num_threads(), 0.8)
-    int8_rows = []
-    forward = Int8WeightLinear.forward
-    monkeypatch.setattr(
-        Int8WeightLinear, "forward", lambda self, x: int8_rows.append(x.shape[:-1].numel()) or forward(self, x)
-    )
+    choice = Choice("sd", "float32", variant, 3, 1.5, 150.0, 100.0, torch.get_num_threads(), 0.8)
+    ran = []  # the drafter that ran is the priced variant: its int8 copy, or its reduced head
+    spied = Int8WeightLinear if "+" in variant else ReducedHead
+    forward = spied.forward
+    monkeypatch.setattr(spied, "forward", lambda self, x: ran.append(1) or forward(self, x))
     ar, sd = decode_both(cfg, profile, choice)
     assert sd.result.tokens == ar.result.tokens and len(ar.result.tokens) == 12  # fp32 target: lossless
-    assert int8_rows and int8 in sd.label  # the drafter that ran is the int8 copy
+    assert ran and variant in sd.label
     assert sd.result.stats.accepted > 0
 
 

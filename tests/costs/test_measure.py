@@ -71,6 +71,49 @@ def test_quantised_drafter_variants_are_measured_as_the_drafter_runs_them(monkey
         ProfileGrid(models=["a"], variants=["bfloat16+int8-weight"])
 
 
+def test_a_drafter_over_a_draft_vocabulary_is_timed_with_its_reduced_head(monkeypatch, tmp_path):
+    from viasd_adapters.models.vocab import DraftVocabulary, ReducedHead
+
+    model = tiny(seed=0).model
+    V = int(model.config.vocab_size)
+    kept = list(range(0, V, 2))
+    vocabulary = str(DraftVocabulary(kept, V).save(tmp_path / "half.json"))
+    grid = ProfileGrid(
+        models=["a"],
+        dtypes=["float32"],
+        variant_models=["a"],
+        draft_vocabulary=vocabulary,
+        vocabulary_dtypes=["float32", "int8"],
+        threads=[1],
+        new_tokens=[1],
+        contexts=[4],
+        repeats=1,
+    )
+    assert grid.variants == [f"float32@{vocabulary}"]  # int8 is not profiled here
+    widths = []  # the variant must score the kept ids only, as the drafter does
+    forward = ReducedHead.forward
+
+    def spied(self, hidden):
+        logits = forward(self, hidden)
+        widths.append(logits.shape[-1])
+        return logits
+
+    monkeypatch.setattr(ReducedHead, "forward", spied)
+    loads = []  # one load: the reduced head takes turns with the plain draft on the same weights
+    profile = measure_profile(grid, load=lambda name, dtype, device: loads.append(dtype) or model, progress=False)
+    assert loads == ["float32"]
+    assert {e.dtype for e in profile.entries} == {"float32", f"float32@{vocabulary}"}
+    assert widths and set(widths) == {len(kept)}
+    alone = ProfileGrid(  # without its plain dtype it is loaded and timed on its own
+        models=[], variants=[f"float32@{vocabulary}"], variant_models=["a"], threads=[1], new_tokens=[1], contexts=[4]
+    )
+    loads.clear()
+    profile = measure_profile(alone, load=lambda name, dtype, device: loads.append(dtype) or model, progress=False)
+    assert loads == ["float32"] and {e.dtype for e in profile.entries} == {f"float32@{vocabulary}"}
+    with pytest.raises(ValueError, match="<dtype>@<draft vocabulary>"):
+        ProfileGrid(models=["a"], variants=[f"float32+int4@{vocabulary}"], variant_models=["a"])
+
+
 def test_measure_pair_times_slim_views_prefill_and_the_quantised_drafter(monkeypatch):
     from viasd_adapters.models.quantize import Int8WeightLinear
     from viasd_adapters.pipeline import ModelPair

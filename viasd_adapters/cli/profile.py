@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from ..api import build
 from ..costs import (
     Choice,
+    DraftVariant,
     LatencyProfile,
     ProfileGrid,
     choose_configuration,
@@ -23,7 +24,6 @@ from ..costs import (
     load_profile,
     measure_draft_head,
     measure_for_choice,
-    split_variant,
     usable_threads,
 )
 from ..decode import GenerationResult
@@ -102,8 +102,8 @@ def decode_both(cfg: DictConfig, profile: LatencyProfile, choice: Choice) -> lis
     target = load_in(pair.target, choice.dtype, device)
     decoders = {f"greedy AR ({choice.dtype})": (build(target).decoder, target)}
     if choice.framework == "sd":
-        draft_dtype, quantization = split_variant(choice.draft_dtype)
-        draft = load_in(pair.draft, draft_dtype, device)
+        variant = DraftVariant.parse(choice.draft_dtype)
+        draft = load_in(pair.draft, variant.dtype, device)
         schedule = AdaptiveDraftLength(
             lambda threads: profile.draft_costs(
                 pair.draft.name, pair.target.name, choice.dtype, choice.draft_dtype, threads, cfg.context, cfg.k_max + 1
@@ -112,7 +112,7 @@ def decode_both(cfg: DictConfig, profile: LatencyProfile, choice: Choice) -> lis
             prior_acceptance=choice.acceptance,
         )
         label = f"SD (target {choice.dtype}, draft {choice.draft_dtype}, adaptive K from {choice.num_draft_tokens})"
-        drafter = ModelDrafter(draft.model, quantize=quantization)  # the variant the profile priced
+        drafter = ModelDrafter(draft.model, quantize=variant.quantization, vocabulary=variant.vocabulary)  # as priced
         decoders[label] = (build(target, drafter, policy=None, draft_length=schedule).decoder, target)
     if choice.framework == "eagle":
         from ..hosts.eagle import EagleDecoder
@@ -144,6 +144,7 @@ def run(cfg: DictConfig) -> ProfileOutcome:
     grid = instantiate(cfg.grid, _convert_="all")
     if torch.device(device).type != "cpu":  # int8 has CPU kernels only: profile the rest
         grid.dtypes = [d for d in grid.dtypes if Precision.from_label(d).weights != INT8]
+        grid.variants = [v for v in grid.variants if DraftVariant.parse(v).dtype in grid.dtypes]
     path = Path(cfg.profile_path) if cfg.profile_path else default_profile_path(device)
     profile, dtypes, measured = ensure_profile(cfg, grid, path, pair_loader(cfg.model_pair))
     eagle = eagle_candidate(cfg.model_pair.target.name, cfg.eagle_head)
@@ -171,6 +172,7 @@ def run(cfg: DictConfig) -> ProfileOutcome:
         context=cfg.context,
         min_speedup=cfg.min_speedup,
         eagle=eagle,
+        vocabulary_acceptance=cfg.vocabulary_acceptance,
     )
     decoded = []
     if cfg.prompt:

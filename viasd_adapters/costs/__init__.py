@@ -33,13 +33,13 @@ from .measure import (
 from .model import ROLES, CostModel, Line, attention_share, fit_line
 from .profile import (
     FORMAT,
+    DraftVariant,
     LatencyEntry,
     LatencyProfile,
     default_profile_path,
     draft_head_key,
     load_profile,
     profile_dir,
-    split_variant,
 )
 from .timing import CostRatio, measure_cost_ratio, time_draft_head, time_forwards
 from .tree import TreeShape, profiled_tree, shape_tree
@@ -51,6 +51,7 @@ __all__ = [
     "Choice",
     "CostModel",
     "CostRatio",
+    "DraftVariant",
     "EagleCandidate",
     "LatencyEntry",
     "LatencyProfile",
@@ -81,7 +82,6 @@ __all__ = [
     "settled_share_needed",
     "shape_tree",
     "slim_ratio_needed",
-    "split_variant",
     "time_draft_head",
     "time_forwards",
     "usable_threads",

@@ -6,6 +6,7 @@ costs of a fixed pair)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import torch
 
@@ -14,7 +15,7 @@ from ..decode.schedule import ASSUMED_ACCEPTANCE, AdaptiveDraftLength, DraftCost
 from ..draft import ModelDrafter
 from ..verify import LosslessVerifier
 from .choice import choose_configuration, eagle_candidate
-from .profile import load_profile, split_variant
+from .profile import DraftVariant, load_profile
 
 logger = logging.getLogger(__name__)
 
@@ -62,25 +63,30 @@ def chosen_draft_variant(
     acceptance: float = ASSUMED_ACCEPTANCE,
     k_max: int = 8,
     context: int = 256,
+    vocabulary: str | None = None,
+    vocabulary_acceptance: float | None = None,
 ) -> str:
     """The drafter the latency profile chooses for this target precision at this thread count:
-    `draft_precision` or one of its quantised variants. Where no drafting pays (the choice is AR), the
-    cheapest draft, which `profiled_draft_length` then leaves idle (K = 0) until acceptance rises."""
+    `draft_precision`, one of its quantised variants, or either over the draft `vocabulary` (at
+    `vocabulary_acceptance`; None: `acceptance`), as the profile names them (`DraftVariant`). Where
+    no drafting pays (the choice is AR), the cheapest draft, which `profiled_draft_length` then
+    leaves idle (K = 0) until acceptance rises."""
     try:
         profile = load_profile(profile_path, device)
     except FileNotFoundError as error:
         raise FileNotFoundError(f"method=auto runs what this machine's latency profile chooses: {error}") from error
     threads = torch.get_num_threads()
-    variants = [
-        v
-        for v in (draft_precision, *(f"{draft_precision}+{q}" for q in DRAFTER_QUANTIZATIONS))
-        if profile.has(draft, v, threads)
-    ]
+    candidates = [DraftVariant(draft_precision), *(DraftVariant(draft_precision, q) for q in DRAFTER_QUANTIZATIONS)]
+    if vocabulary:
+        candidates += [replace(v, vocabulary=vocabulary) for v in candidates]
+    variants = [v.label for v in candidates if profile.has(draft, v.label, threads)]
     if not variants:
         raise KeyError(
             f"the latency profile has no entry for the draft {draft} in {draft_precision} at {threads}"
             " thread(s): run viasd-profile for this pair"
         )
+    if vocabulary and not any(DraftVariant.parse(v).vocabulary for v in variants):
+        logger.info("auto: the draft over the vocabulary %s is not in the profile (viasd-profile times it)", vocabulary)
     choice = choose_configuration(
         profile,
         draft,
@@ -91,6 +97,7 @@ def chosen_draft_variant(
         draft_dtypes=variants,
         k_max=k_max,
         context=context,
+        vocabulary_acceptance=vocabulary_acceptance,
     )
     if choice.framework == "sd":
         return choice.draft_dtype
@@ -110,11 +117,21 @@ class ProfiledDrafter(ModelDrafter):
         device: str = "cpu",
         profile_path: str | None = None,
         acceptance: float = ASSUMED_ACCEPTANCE,
+        vocabulary: str | None = None,
+        vocabulary_acceptance: float | None = None,
         **drafter_settings,
     ):
-        """`acceptance`: the pair's per-token acceptance, at which the variant is chosen."""
-        self.variant = chosen_draft_variant(draft, target, precision, draft_precision, device, profile_path, acceptance)
-        super().__init__(model, quantize=split_variant(self.variant)[1], **drafter_settings)
+        """`acceptance`: the pair's per-token acceptance, at which the variant is chosen;
+        `vocabulary`: a draft vocabulary it may score instead of the full one, at
+        `vocabulary_acceptance` (None: `acceptance`)."""
+        self.variant = chosen_draft_variant(
+            draft, target, precision, draft_precision, device, profile_path, acceptance,
+            vocabulary=vocabulary, vocabulary_acceptance=vocabulary_acceptance,
+        )  # fmt: skip
+        self.vocabulary_acceptance = vocabulary_acceptance
+        chosen = DraftVariant.parse(self.variant)
+        super().__init__(model, quantize=chosen.quantization, vocabulary=chosen.vocabulary, **drafter_settings)
+        self.runner.variant = self.variant  # the stats name what ran as the profile does
 
 
 def profiled_draft_length(
@@ -125,12 +142,17 @@ def profiled_draft_length(
     device: str = "cpu",
     profile_path: str | None = None,
     k_min: int = 0,
+    vocabulary: str | None = None,
+    vocabulary_acceptance: float | None = None,
     **schedule_settings,
 ) -> AdaptiveDraftLength:
-    """`AdaptiveDraftLength` on the chosen drafter's costs; K may be 0 (a greedy AR step) where
-    no block pays at the acceptance observed."""
+    """`AdaptiveDraftLength` on the costs of the drafter `ProfiledDrafter` chooses with the same
+    settings; K may be 0 (a greedy AR step) where no block pays at the acceptance observed."""
     acceptance = schedule_settings.get("prior_acceptance", ASSUMED_ACCEPTANCE)
-    variant = chosen_draft_variant(draft, target, precision, draft_precision, device, profile_path, acceptance)
+    variant = chosen_draft_variant(
+        draft, target, precision, draft_precision, device, profile_path, acceptance,
+        vocabulary=vocabulary, vocabulary_acceptance=vocabulary_acceptance,
+    )  # fmt: skip
     return adaptive_draft_length(
         draft, target, precision, variant, profile_path=profile_path, device=device, k_min=k_min, **schedule_settings
     )
@@ -183,6 +205,7 @@ class ProfiledDecoder(Decoder):
             [drafter.variant],
             context=context,
             eagle=candidate,
+            vocabulary_acceptance=drafter.vocabulary_acceptance,
         )
         if choice.framework == "eagle":
             from ..hosts.eagle import EagleDecoder

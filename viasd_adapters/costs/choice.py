@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..decode.schedule import best_draft_length, expected_speedup
 from ..decode.stats import RankAcceptance
-from .profile import LatencyProfile, draft_head_key
+from .profile import DraftVariant, LatencyProfile, draft_head_key
 from .tree import profiled_shape
 
 logger = logging.getLogger(__name__)
@@ -80,8 +80,12 @@ class Choice:
             )
         if self.framework == "ar":
             return f"greedy AR in {self.dtype} ({self.threads} thread{'s' if self.threads > 1 else ''}): no draft length is predicted to beat it (by the margin asked) at a = {self.acceptance:.2f}"
+        variant = DraftVariant.parse(self.draft_dtype or "")
+        draft = replace(variant, vocabulary=None).label
+        if variant.vocabulary:
+            draft += f" over the draft vocabulary {variant.vocabulary}"
         return (
-            f"SD, target {self.dtype}, draft {self.draft_dtype}, K = {self.num_draft_tokens} at first"
+            f"SD, target {self.dtype}, draft {draft}, K = {self.num_draft_tokens} at first"
             f" (adapted to the observed acceptance), {self.threads} thread{'s' if self.threads > 1 else ''}: expected"
             f" {self.expected_speedup:.2f}x the fastest AR at a = {self.acceptance:.2f}"
         )
@@ -98,6 +102,7 @@ def _options_at(
     k_max: int,
     context: int,
     eagle: EagleCandidate | None = None,
+    vocabulary_acceptance: float | None = None,
 ) -> list[Choice]:
     """Every (target dtype, AR, SD with each draft dtype at its best K, EAGLE with its best tree)
     the profile prices at `threads`."""
@@ -116,9 +121,12 @@ def _options_at(
             Choice("ar", dtype, None, 0, ar / fastest_ar, ar, fastest_ar, threads, acceptance, fastest_dtype)
         )
         for draft_dtype in drafts:
+            a = acceptance
+            if vocabulary_acceptance is not None and DraftVariant.parse(draft_dtype).vocabulary:
+                a = vocabulary_acceptance
             costs = profile.draft_costs(draft, target, dtype, draft_dtype, threads, context, k_max + 1)
-            k = best_draft_length(acceptance, costs, k_max)
-            speed = expected_speedup(acceptance, k, costs) * ar
+            k = best_draft_length(a, costs, k_max)
+            speed = expected_speedup(a, k, costs) * ar
             options.append(
                 Choice(
                     "sd",
@@ -129,7 +137,7 @@ def _options_at(
                     speed,
                     fastest_ar,
                     threads,
-                    acceptance,
+                    a,
                     fastest_dtype,
                 )
             )
@@ -179,6 +187,7 @@ def choose_configuration(
     context: int = 256,
     min_speedup: float = 1.0,
     eagle: EagleCandidate | None = None,
+    vocabulary_acceptance: float | None = None,
 ) -> Choice:
     """The (threads, target dtype, draft dtype, K) with the most expected tokens per second.
 
@@ -190,12 +199,17 @@ def choose_configuration(
     be expected to run at least `min_speedup` times the fastest AR to be chosen: the model prices
     a round's forwards only, not what else a round costs. `eagle`: an EAGLE head competes too,
     with the tree its measured acceptance and the profile's costs make best (`costs.tree`).
+    `vocabulary_acceptance`: the acceptance of drafters that score a reduced vocabulary
+    ("<dtype>@<vocabulary>"), which never propose the ids left out; None: `acceptance`.
     """
     dtypes = list(dtypes)
     draft_dtypes = list(draft_dtypes or dtypes)
     best: Choice | None = None
     for t in [threads] if isinstance(threads, int) else list(threads):
-        for option in _options_at(profile, draft, target, acceptance, t, dtypes, draft_dtypes, k_max, context, eagle):
+        options = _options_at(
+            profile, draft, target, acceptance, t, dtypes, draft_dtypes, k_max, context, eagle, vocabulary_acceptance
+        )
+        for option in options:
             if option.framework != "ar" and option.expected_speedup < min_speedup:
                 continue
             # strictly faster only: on a tie the first option considered (AR before SD) stays

@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from ..draft import ModelDrafter
 from ..hardware import cpu_info, device_label
 from ..models import LoadedModel, ModelSpec, load_model
 from ..models.precision import Precision
-from ..models.quantize import QUANTIZATIONS, quantized_copy
+from ..models.quantize import QUANTIZATIONS
 from ..routing import RoutingMask, decoding_view
 from .choice import winnable_dtypes
 from .model import attention_share
-from .profile import LatencyEntry, LatencyProfile, draft_head_key, split_variant
+from .profile import DraftVariant, LatencyEntry, LatencyProfile, draft_head_key
 from .timing import time_draft_head, time_forwards
 
 logger = logging.getLogger(__name__)
@@ -31,14 +32,18 @@ logger = logging.getLogger(__name__)
 class ProfileGrid:
     """What `measure_profile` measures (Hydra-instantiable: conf/profile.yaml).
 
-    Every model in every dtype, and the `variant_models` (drafters) also in each quantised
-    variant of `variants` ("<dtype>+<quantization>", what `ModelDrafter(quantize=...)` runs).
+    Every model in every dtype, and the `variant_models` (drafters) also in each of `variants`
+    (`DraftVariant` labels: a quantised copy, "<dtype>+<quantization>", what `ModelDrafter(quantize=...)`
+    runs) and, given a `draft_vocabulary`, with that reduced LM head in each of `vocabulary_dtypes`
+    ("<dtype>@<vocabulary>", what `ModelDrafter(vocabulary=...)` runs).
     """
 
     models: list[str]  # ModelSpec names
     dtypes: list[str] = field(default_factory=lambda: ["bfloat16", "float32"])  # every model is measured in each
     variants: list[str] = field(default_factory=list)  # e.g. ["bfloat16+int8-weight"]
     variant_models: list[str] = field(default_factory=list)  # the models measured in `variants` too
+    draft_vocabulary: str | None = None  # a draft vocabulary (models/vocab) the variant_models are timed with too
+    vocabulary_dtypes: list[str] = field(default_factory=lambda: ["int8"])  # ... in these of `dtypes`
     threads: list[int] | None = None  # clipped to the cores there are; None: the cores there are
     new_tokens: list[int] = field(default_factory=lambda: [1, 2, 4, 6, 8, 12])  # tokens fed per forward
     contexts: list[int] = field(default_factory=lambda: [128, 512])  # tokens cached before each forward
@@ -48,17 +53,20 @@ class ProfileGrid:
     def __post_init__(self) -> None:
         if not self.models and not self.variant_models:
             raise ValueError("name at least one model to profile (models=[...])")
+        if self.draft_vocabulary:
+            reduced = (DraftVariant(d, vocabulary=self.draft_vocabulary) for d in self.vocabulary_dtypes)
+            self.variants = [*self.variants, *(v.label for v in reduced if v.dtype in self.dtypes)]
         if bool(self.variants) != bool(self.variant_models):
             raise ValueError(
-                "variants and variant_models go together: name the quantised variants and the models"
-                " measured in them, or neither"
+                "variants and variant_models go together: name the drafter variants (or a draft_vocabulary)"
+                " and the models measured in them, or neither"
             )
-        for variant in self.variants:
-            quantization = split_variant(variant)[1]
-            if quantization not in QUANTIZATIONS:
+        for variant in map(DraftVariant.parse, self.variants):
+            head_only = variant.quantization is None and variant.vocabulary is not None
+            if not head_only and variant.quantization not in QUANTIZATIONS:
                 raise ValueError(
-                    f"variant {variant!r} is not <dtype>+<quantization> with a quantization of"
-                    f" {sorted(QUANTIZATIONS)}, e.g. bfloat16+int8-weight"
+                    f"variant {variant.label!r} is not <dtype>+<quantization> with a quantization of"
+                    f" {sorted(QUANTIZATIONS)}, e.g. bfloat16+int8-weight, or <dtype>@<draft vocabulary>"
                 )
         if self.threads is None:
             self.threads = [cpu_info().logical_cores]
@@ -111,7 +119,8 @@ def measure_profile(
 ) -> LatencyProfile:
     """Measure every point of `grid`; `load(name, dtype, device)` returns a model (default: the
     project's model zoo). Each model is loaded once per dtype (a variant: its load dtype, then
-    quantised as a drafter quantises it) and freed before the next.
+    quantised as a drafter quantises it) and freed before the next; a draft over a draft
+    vocabulary takes turns with the plain draft it shares weights with.
 
     `masks`: model name -> `RoutingMask`s whose slim views of it are timed beside it (plain
     dtypes, decode-sized forwards), taking turns with the whole model: the cost model's layer
@@ -128,34 +137,38 @@ def measure_profile(
     entries, layers = [], {}
     # (context, counts, whether slim views are timed too): prefill is priced on the whole model only
     shapes = [(c, grid.new_tokens, True) for c in grid.contexts] + ([(0, grid.prefill, False)] if grid.prefill else [])
+    loads = _loads(grid.combinations())
     bar = tqdm(
-        total=len(grid.combinations()) * len(threads) * len(shapes),
-        desc="latency profile",
-        unit="point",
-        disable=not progress,
+        total=len(loads) * len(threads) * len(shapes), desc="latency profile", unit="point", disable=not progress
     )
     try:
-        for name, dtype in grid.combinations():
-            load_dtype, quantization = split_variant(dtype)
-            model = load(name, load_dtype, device)
+        for (name, dtype), heads_only in loads.items():
+            variant = DraftVariant.parse(dtype)
+            model = load(name, variant.dtype, device)
             _check_window(model, name, grid)
             layers[name] = int(model.config.num_hidden_layers)
-            if quantization:
-                model = quantized_copy(model, quantization)
-            views = {None: model} if quantization else {None: model, **_slim_views(model, masks.get(name, ()))}
+            if variant.quantization or variant.vocabulary:  # timed as the drafter runs it
+                runner = ModelDrafter(model, quantize=variant.quantization, vocabulary=variant.vocabulary).runner
+                views: dict = {(dtype, None): runner}
+            else:
+                views = {(dtype, key): view for key, view in _slim_views(model, masks.get(name, ())).items()}
+                views[dtype, None] = model
+                for label in heads_only:  # taking turns with the plain model: drift hits both alike
+                    views[label, None] = ModelDrafter(model, vocabulary=DraftVariant.parse(label).vocabulary).runner
+            whole = {key: view for key, view in views.items() if key[1] is None}
             for t in threads:
                 torch.set_num_threads(t)
                 for context, counts, slim in shapes:
                     bar.set_postfix_str(f"{name} {dtype} {t}t ctx {context}")
-                    for key, row in time_forwards(
-                        views if slim else {None: model}, context, counts, grid.repeats
+                    for (label, key), row in time_forwards(
+                        views if slim else whole, context, counts, grid.repeats
                     ).items():
                         entries += [
-                            LatencyEntry(name, dtype, t, context, n, statistics.median(ms), min(ms), len(ms), key)
+                            LatencyEntry(name, label, t, context, n, statistics.median(ms), min(ms), len(ms), key)
                             for n, ms in row.items()
                         ]
                     bar.update()
-            del model, views
+            del model, views, whole
     finally:
         torch.set_num_threads(saved)
         bar.close()
@@ -169,6 +182,21 @@ def measure_profile(
         loadavg_1m=[load_start, os.getloadavg()[0]],
         model_layers=layers,
     )
+
+
+def _loads(combinations: list[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
+    """{(model, dtype or variant) to load: the variants timed with its weights as loaded}. A draft
+    over a draft vocabulary alone ("int8@<vocabulary>") shares its plain dtype's load, where that is
+    measured too, and takes turns with it."""
+    planned = set(combinations)
+    loads: dict[tuple[str, str], list[str]] = {}
+    for name, dtype in combinations:
+        variant = DraftVariant.parse(dtype)
+        if variant.vocabulary and not variant.quantization and (name, variant.dtype) in planned:
+            loads.setdefault((name, variant.dtype), []).append(dtype)
+        else:
+            loads.setdefault((name, dtype), [])
+    return loads
 
 
 def _check_window(model: torch.nn.Module, name: str, grid: ProfileGrid) -> None:

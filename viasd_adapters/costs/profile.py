@@ -50,10 +50,29 @@ def default_profile_path(device: str = "cpu") -> Path:
     return profile_dir() / f"{slug}.json"
 
 
-def split_variant(dtype: str) -> tuple[str, str | None]:
-    """A profile dtype's (load dtype, quantization): "bfloat16+int8-weight" -> ("bfloat16", "int8-weight")."""
-    base, _, quantization = dtype.partition("+")
-    return base, quantization or None
+@dataclass(frozen=True)
+class DraftVariant:
+    """A drafter as the profile names it (`label`): its load dtype, a quantised copy of it and a
+    reduced LM head, what `ModelDrafter(quantize=..., vocabulary=...)` runs.
+
+    "int8" is the plain draft; "bfloat16+int8-weight" its int8-weight copy of a bf16 load;
+    "int8@qwen2.5-coder-0.5b-instruct-32768" the int8 draft scoring only that draft vocabulary's ids.
+    """
+
+    dtype: str
+    quantization: str | None = None
+    vocabulary: str | None = None  # a shipped draft vocabulary's name or a JSON file (models/vocab)
+
+    @classmethod
+    def parse(cls, label: str) -> DraftVariant:
+        rest, _, vocabulary = label.partition("@")  # the dtype never holds "@"; a vocabulary's path may
+        dtype, _, quantization = rest.partition("+")
+        return cls(dtype, quantization or None, vocabulary or None)
+
+    @property
+    def label(self) -> str:
+        quantization = f"+{self.quantization}" if self.quantization else ""
+        return f"{self.dtype}{quantization}" + (f"@{self.vocabulary}" if self.vocabulary else "")
 
 
 def draft_head_key(target: str, head: str) -> str:
@@ -66,7 +85,7 @@ class LatencyEntry:
     """One measured forward configuration."""
 
     model: str  # model name (a ModelSpec name)
-    dtype: str  # float32 | bfloat16 | float16, or a quantised variant "<dtype>+<quantization>" (split_variant)
+    dtype: str  # float32 | bfloat16 | float16, or a drafter's variant (`DraftVariant.label`)
     threads: int  # torch intra-op threads
     context: int  # tokens already in the KV cache
     new_tokens: int  # tokens fed through the forward (1: a decode step; K + 1: a verify)

@@ -23,7 +23,12 @@ from ..runner import CausalLMRunner
 
 @torch.no_grad()
 def time_forwards(
-    models: dict, context: int | torch.Tensor, new_tokens: Iterable[int], repeats: int, seed: int = 0, warmup: int = 1
+    models: dict,
+    context: int | torch.Tensor,
+    new_tokens: Iterable[int],
+    repeats: int,
+    seed: int = 0,
+    warmup: int = 1,
 ) -> dict[object, dict[int, list[float]]]:
     """Milliseconds of each of `repeats` forwards per count in `new_tokens`, after a cached
     context, for each of `models` ({key: causal LM}, slim views too), as {key: {count: ms}}.
@@ -35,10 +40,11 @@ def time_forwards(
     are not kept. The cache is cropped back to the context before each forward, as a rejected
     draft block is (context 0: a prefill from an empty cache); every forward keeps the logits of
     all the tokens it is fed, as a verify does. The device is synchronised before and after each
-    forward, so the clock reads finished work (a no-op on CPU).
+    forward, so the clock reads finished work (a no-op on CPU). A value of `models` may be a
+    `CausalLMRunner` instead (a drafter's, with its reduced head), timed as it is.
     """
     counts, keys = list(new_tokens), list(models)
-    runners = {key: CausalLMRunner(model, str(key)) for key, model in models.items()}
+    runners = {k: m if isinstance(m, CausalLMRunner) else CausalLMRunner(m, str(k)) for k, m in models.items()}
     device = runners[keys[0]].device
     vocab = int(runners[keys[0]].model.config.vocab_size)
     gen = torch.Generator().manual_seed(seed)
