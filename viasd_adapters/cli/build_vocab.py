@@ -57,9 +57,9 @@ def sharegpt_answers(conversations: int, seed: int = 0) -> list[str]:
 
 def run(cfg: DictConfig) -> tuple[DraftVocabulary, Path]:
     if cfg.sharegpt_conversations:  # fail now, not after the tokenizer loads
-        from ..train.corpus import sharegpt_path
+        from ..train.corpus import resolve_sharegpt
 
-        sharegpt_path()
+        resolve_sharegpt()
     spec = instantiate(cfg.model_pair.draft)
     tokenizer, V, stops = load_tokenizer(spec)
     prompts = [

@@ -41,13 +41,9 @@ def run(cfg: DictConfig):
         read_prompts_file(cfg.training.split.spec_bench, "training.split.spec_bench")
     corpus = cfg.training.get("corpus", {})
     if corpus.get("sharegpt"):  # fail now, not after loading the target
-        from ..train.corpus import sharegpt_path
+        from ..train.corpus import resolve_sharegpt
 
-        given = corpus.get("sharegpt_path")
-        if given is None:
-            sharegpt_path()
-        elif not Path(given).expanduser().is_file():
-            raise ValueError(f"training.corpus.sharegpt_path={given}: no such file (null: the installed package's)")
+        resolve_sharegpt(corpus.get("sharegpt_path"))
     spec = instantiate(cfg.model_pair.target, _convert_="all")
     # Training runs whole-sequence forwards and generate(): a compiled decode step would only cost its compile time.
     spec.compile = False

@@ -23,12 +23,7 @@ from ..runner import CausalLMRunner
 
 @torch.no_grad()
 def time_forwards(
-    models: dict,
-    context: int | torch.Tensor,
-    new_tokens: Iterable[int],
-    repeats: int,
-    seed: int = 0,
-    warmup: int = 1,
+    models: dict, context: int | torch.Tensor, new_tokens: Iterable[int], repeats: int, seed: int = 0, warmup: int = 1
 ) -> dict[object, dict[int, list[float]]]:
     """Milliseconds of each of `repeats` forwards per count in `new_tokens`, after a cached
     context, for each of `models` ({key: causal LM}, slim views too), as {key: {count: ms}}.

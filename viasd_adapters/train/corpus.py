@@ -81,9 +81,20 @@ def iter_json_records(text: str) -> Iterator[dict]:
         yield record
 
 
+def resolve_sharegpt(path: str | Path | None = None) -> Path:
+    """ShareGPT's JSON file: `path` (`~` expanded), or the installed package's when None; a clear
+    error, before any work, when there is none."""
+    if path is None:
+        return sharegpt_path()
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ValueError(f"sharegpt_path={path}: no such file (null: the installed package's)")
+    return file
+
+
 def read_sharegpt(path: str | Path | None = None) -> list[dict]:
     """ShareGPT's whole records ({"id", "conversations": [{"from", "value"}, ...]}), in file order."""
-    path = Path(path) if path is not None else sharegpt_path()
+    path = resolve_sharegpt(path)
     return list(iter_json_records(path.read_text(encoding="utf-8")))
 
 
