@@ -73,12 +73,26 @@ def test_auto_drafts_over_the_draft_vocabulary_where_the_profile_prices_it_faste
     monkeypatch.setattr(ReducedHead, "forward", lambda self, hidden: scored.append(1) or forward(self, hidden))
     pair_settings = [f"++model_pair.draft_vocabulary={vocabulary}"]
     if vocabulary_acceptance is not None:
-        pair_settings.append(f"++model_pair.draft_vocabulary_acceptance={vocabulary_acceptance}")
+        pair_settings.append(f"++model_pair.variant_acceptance.vocabulary={vocabulary_acceptance}")
     _, ar = run(compose_generate(*TINY, "framework=ar"))
     _, auto = run(compose_generate(*TINY, "framework=auto", *pair_settings))
     assert auto.tokens == ar.tokens and auto.stats.drafted > 0
     assert bool(scored) == reduced_chosen
     assert auto.stats.model_calls["draft"].variant == (reduced if reduced_chosen else "float32+int8-weight")
+
+
+@pytest.mark.parametrize("int4_acceptance, four_bit_chosen", [(None, True), (0.05, False)])
+def test_auto_drafts_with_4_bit_steps_where_the_profile_prices_them_faster(
+    tmp_path, monkeypatch, int4_acceptance, four_bit_chosen
+):
+    write_profile(tmp_path, monkeypatch, int8_draft_ms=50.0, int8=20.0, **{"int8+int4": 5.0})
+    settings = ["runtime.draft_weights=int8"]
+    if int4_acceptance is not None:
+        settings.append(f"++model_pair.variant_acceptance.int4={int4_acceptance}")
+    _, ar = run(compose_generate(*TINY, "framework=ar"))
+    _, auto = run(compose_generate(*TINY, "framework=auto", *settings))
+    assert auto.tokens == ar.tokens and auto.stats.drafted > 0
+    assert auto.stats.model_calls["draft"].variant == ("int8+int4" if four_bit_chosen else "int8")
 
 
 def _head_for_tiny_random(tmp_path, top_rate: float):

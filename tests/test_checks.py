@@ -84,6 +84,11 @@ BAD = [  # (command, overrides, what the error must say)
         ["runtime.draft_weights=int8", "method=[ar,sd-int8]"],
         "method.sd-int8.framework.drafter.quantize=int8-weight has nothing",
     ),
+    (
+        "bench",
+        ["runtime.draft_weights=bfloat16", "method=[ar,sd-int4]"],
+        "method.sd-int4.framework.drafter.quantize=int4 makes 4-bit steps .* set runtime.draft_weights=int8",
+    ),
     ("bench", ["repetitions=0"], "repetitions must be a whole number >= 1"),
     ("bench", ["method=[ar,tiered]", "routing=none"], "tiered: the routing mask skips no layer"),
     ("bench", ["method=[ar,sd]", "policy.tau_accept=0.5"], "no decoder of this run reads the policy"),
@@ -143,7 +148,10 @@ def test_every_shipped_method_passes(placeholder_profile):
     methods = sorted(p.stem for p in (pathlib.Path(CONFIG_DIR) / "method").glob("*.yaml"))
     if importlib.util.find_spec("llama_cpp") is None:  # an optional extra's method: refused without it (below)
         methods.remove("llama-cpp")
-    check_config(composed("bench", [f"method=[{','.join(methods)}]"]), [])
+    four_bit = [m for m in methods if m.startswith("sd-int4")]  # 4-bit steps of an int8 draft
+    float_draft = [m for m in methods if m not in four_bit]
+    check_config(composed("bench", [f"method=[{','.join(float_draft)}]"]), [])
+    check_config(composed("bench", ["runtime.draft_weights=int8", f"method=[{','.join(four_bit)}]"]), [])
     # eagle-profiled shapes its tree from the pair's head when checked: a pair without one is refused at once
     with pytest.raises(ValueError, match="eagle-profiled: framework.decoder.tree: no EAGLE head .* train one"):
         check_config(composed("bench", ["model_pair=tiny-random", "method=[eagle-profiled]"]), [])

@@ -93,8 +93,9 @@ def test_every_benchmark_method_builds_on_the_tiny_pair(tmp_path, monkeypatch):
     entries = [LatencyEntry("tiny-random", "bfloat16", threads, 128, n, 10.0 + n) for n in (1, 4, 8)]
     LatencyProfile(entries=entries).save(default_profile_path())
     # EAGLE's methods need a head for the target: tests/hosts/test_eagle.py builds them on this pair;
-    # llama.cpp a GGUF, which only offline models ship: tests/bench/test_llama_cpp.py builds it on SmolLM2
-    methods = [m for m in options("method") if not m.startswith("eagle") and m != "llama-cpp"]
+    # llama.cpp a GGUF, which only offline models ship: tests/bench/test_llama_cpp.py builds it on SmolLM2;
+    # 4-bit steps an int8 draft: tests/models/test_int4_gemv.py decodes sd-int4 on this pair in int8
+    methods = [m for m in options("method") if not m.startswith(("eagle", "sd-int4")) and m != "llama-cpp"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="bench", overrides=["model_pair=tiny-random", f"method=[{','.join(methods)}]"])
     pair = load_pair(cfg.model_pair)

@@ -4,6 +4,7 @@
     python tools/step_breakdown.py qwen2.5-coder-1.5b-instruct --eager    # transformers' forward
     python tools/step_breakdown.py qwen2.5-coder-1.5b-instruct --fbgemm   # fbgemm's GEMM for one row
     python tools/step_breakdown.py qwen2.5-coder-0.5b-instruct --draft-vocabulary qwen2.5-coder-0.5b-instruct-32768-sharegpt
+    python tools/step_breakdown.py qwen2.5-coder-0.5b-instruct --weights int4   # a drafter's 4-bit steps
 
 Times a runner call (one new token after `--context` cached, LM head and argmax included), then
 every int8 GEMM that call makes (the decoder's and the LM head's, each fed one row through the
@@ -26,8 +27,9 @@ import torch
 
 from viasd_adapters.hardware import device_label
 from viasd_adapters.models import ModelSpec, load_model
+from viasd_adapters.models.int4_gemv import four_bit_copy
 from viasd_adapters.models.int8_gemv import fbgemm_only
-from viasd_adapters.models.quantize import Int8Linear, _RowQuantGemm
+from viasd_adapters.models.quantize import _RowQuantGemm, int8_products
 from viasd_adapters.models.vocab import DraftVocabulary, ReducedHead
 from viasd_adapters.runner import CausalLMRunner
 
@@ -43,15 +45,11 @@ def median_ms(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def packed_gemms(model: torch.nn.Module) -> list[_RowQuantGemm]:
-    """Every int8 GEMM a forward of `model` calls, once each (q / k / v and gate / up share one)."""
-    layers: dict[int, Int8Linear] = {}  # by identity: sibling projections share one layer
-    for module in model.modules():
-        group = getattr(module, "_group", None)  # an Int8Projection's shared GEMM
-        layer = group.linear if group is not None else module
-        if isinstance(layer, Int8Linear):
-            layers[id(layer)] = layer
-    return [gemm for layer in layers.values() for gemm in layer._gemms]
+def weight_bytes(gemm: _RowQuantGemm, gemv: bool) -> int:
+    """What one row's product reads: the GEMV's own weight tensors, or fbgemm's int8 bytes."""
+    if gemv and gemm.gemv is not None:
+        return sum(t.nbytes for t in gemm.gemv.args if isinstance(t, torch.Tensor))
+    return gemm.out_features * gemm.bounds.shape[1]
 
 
 def read_bandwidth_gb_s(gigabytes: float = 1.0, repeats: int = 7) -> float:
@@ -71,6 +69,12 @@ def main() -> None:
     parser.add_argument(
         "--draft-vocabulary", help="score only this DraftVocabulary's ids (a drafter's reduced LM head, FR-Spec)"
     )
+    parser.add_argument(
+        "--weights",
+        choices=("int8", "int4"),
+        default="int8",
+        help="int4: a drafter's 4-bit steps (ModelDrafter(quantize='int4'))",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=40)
     args = parser.parse_args()
@@ -81,7 +85,7 @@ def main() -> None:
 def measure(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     loaded = load_model(ModelSpec(args.model, weights="int8", compile=not args.eager))
-    model = loaded.model
+    model = loaded.model if args.weights == "int8" else four_bit_copy(loaded.model)
     head = ReducedHead(model, DraftVocabulary.load(args.draft_vocabulary)) if args.draft_vocabulary else None
     runner = CausalLMRunner(model, compiled=not args.eager, head=head)
     ids = torch.randint(100, 20000, (1, args.context + 1), generator=torch.Generator().manual_seed(0))
@@ -91,7 +95,7 @@ def measure(args: argparse.Namespace) -> None:
         runner.crop(args.context)
         runner.logits(ids, 1).argmax()
 
-    gemms = packed_gemms(model.get_decoder()) + packed_gemms(head or model.get_output_embeddings())
+    gemms = int8_products(model.get_decoder()) + int8_products(head or model.get_output_embeddings())
     rows = [torch.randn(1, gemm.bounds.shape[1]) for gemm in gemms]
 
     def gemms_only() -> None:
@@ -99,16 +103,16 @@ def measure(args: argparse.Namespace) -> None:
             gemm(row)
 
     step_ms, gemm_ms = median_ms(step, args.repeats), median_ms(gemms_only, args.repeats)
-    weight_gb = sum(gemm.out_features * gemm.bounds.shape[1] for gemm in gemms) / 1e9  # int8: a byte each
+    weight_gb = sum(weight_bytes(gemm, not args.fbgemm) for gemm in gemms) / 1e9
     bandwidth = read_bandwidth_gb_s()
     memory_ms = weight_gb / bandwidth * 1e3
-    path = ("eager" if args.eager else "compiled") + (", fbgemm" if args.fbgemm else ", int8 GEMV")
+    path = ("eager" if args.eager else "compiled") + (", fbgemm" if args.fbgemm else f", {args.weights} GEMV")
     if head is not None:
         path += f", {head.token_ids.numel()}-id head"
-    print(f"{args.model} int8, {path}, {args.threads} threads, {device_label(loaded.model.device)}")
+    print(f"{args.model} {args.weights}, {path}, {args.threads} threads, {device_label(loaded.model.device)}")
     print(f"step {step_ms:.1f} ms, its {len(gemms)} GEMMs alone {gemm_ms:.1f} ms, step / GEMMs {step_ms / gemm_ms:.2f}")
     print(
-        f"int8 weights {weight_gb:.2f} GB, read bandwidth {bandwidth:.1f} GB/s (fp32 sum): memory time"
+        f"weights read {weight_gb:.2f} GB, read bandwidth {bandwidth:.1f} GB/s (fp32 sum): memory time"
         f" {memory_ms:.1f} ms, step / memory time {step_ms / memory_ms:.2f}, GEMMs / memory time {gemm_ms / memory_ms:.2f}"
     )
 

@@ -22,6 +22,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from . import compat
+from .draft.model import FOUR_BIT
 from .hosts.registry import HOSTS, HostRegistry, HostSpec
 from .models.precision import INT8, check_precision
 from .pipeline import PAIR_MODELS
@@ -64,13 +65,19 @@ def check_config(
             if cfg.model_pair.get(role) is not None:
                 _build(f"model_pair.{role}", cfg.model_pair[role])
     draft_weights = cfg.runtime.get("draft_weights") if "runtime" in cfg else None
-    for name, framework, _ in components if draft_weights == INT8 else ():
-        if (framework.get("drafter") or {}).get("quantize") is not None:
-            key = f"method.{name}.framework.drafter.quantize" if name else "framework.drafter.quantize"
+    for name, framework, _ in components if draft_weights is not None else ():
+        quantize = (framework.get("drafter") or {}).get("quantize")
+        key = f"method.{name}.framework.drafter.quantize" if name else "framework.drafter.quantize"
+        if draft_weights == INT8 and quantize not in (None, FOUR_BIT):
             raise ValueError(
                 f"runtime.draft_weights=int8 loads the draft with int8 linear layers already, so"
-                f" {key}={framework.drafter.quantize} has nothing left to quantise: set {key}=null,"
-                " or runtime.draft_weights=bfloat16 for the drafter's own int8 copy"
+                f" {key}={quantize} has nothing left to quantise: set {key}=null ({key}={FOUR_BIT} for"
+                " 4-bit steps), or runtime.draft_weights=bfloat16 for the drafter's own int8 copy"
+            )
+        if draft_weights != INT8 and quantize == FOUR_BIT:
+            raise ValueError(
+                f"{key}={FOUR_BIT} makes 4-bit steps from a W8A8 draft's int8 weights: set"
+                f" runtime.draft_weights=int8 (it is {draft_weights})"
             )
     masks = []
     if "model_pair" in cfg and cfg.model_pair.get("target") is not None:
@@ -94,6 +101,11 @@ RENAMED = {
     "threads": ("runtime.threads", "one runtime group for every command"),
     "runtime.dtype": ("runtime.weights", _PRECISION),
     "runtime.draft_dtype": ("runtime.draft_weights", _PRECISION),
+    "model_pair.draft_vocabulary_acceptance": (
+        "model_pair.variant_acceptance.vocabulary",
+        "one mapping holds the acceptance of every drafter variant",
+    ),
+    "vocabulary_acceptance": ("variant_acceptance.vocabulary", "one mapping holds every drafter variant's acceptance"),
 }
 
 

@@ -2,7 +2,14 @@
 
 import pytest
 
-from viasd_adapters.costs import EagleCandidate, LatencyEntry, LatencyProfile, choose_configuration, draft_head_key
+from viasd_adapters.costs import (
+    DraftVariant,
+    EagleCandidate,
+    LatencyEntry,
+    LatencyProfile,
+    choose_configuration,
+    draft_head_key,
+)
 from viasd_adapters.decode import RankAcceptance
 
 from .profiles import AMD, INTEL, D, T, profile_of
@@ -32,11 +39,25 @@ def test_a_drafter_over_a_draft_vocabulary_is_chosen_where_its_cheaper_step_outw
     assert (same.framework, same.draft_dtype, same.acceptance) == ("sd", reduced, 0.88)
     assert "over the draft vocabulary qwen2.5-coder-0.5b-instruct-32768" in same.describe()
     lower = choose_configuration(
-        p, D, T, acceptance=0.88, threads=2, dtypes=["int8"], draft_dtypes=variants, vocabulary_acceptance=0.7
+        p,
+        D,
+        T,
+        acceptance=0.88,
+        threads=2,
+        dtypes=["int8"],
+        draft_dtypes=variants,
+        variant_acceptance={"vocabulary": 0.7},
     )
     assert (lower.framework, lower.draft_dtype, lower.acceptance) == ("sd", "int8", 0.88)
     alone = choose_configuration(
-        p, D, T, acceptance=0.88, threads=2, dtypes=["int8"], draft_dtypes=[reduced], vocabulary_acceptance=0.7
+        p,
+        D,
+        T,
+        acceptance=0.88,
+        threads=2,
+        dtypes=["int8"],
+        draft_dtypes=[reduced],
+        variant_acceptance={"vocabulary": 0.7},
     )
     assert alone.acceptance == 0.7 and alone.expected_speedup < same.expected_speedup  # priced at its own a
 
@@ -146,3 +167,19 @@ def test_eagle_is_not_considered_where_the_profile_lacks_its_head():
     profile = profile_of({(T, "int8"): {1: 60.0, 8: 110.0}, (D, "int8"): {1: 35.0}})
     choice = choose_configuration(profile, D, T, 0.88, 2, dtypes=["int8"], eagle=_eagle(0.9))
     assert choice.framework in ("sd", "ar")
+
+
+def test_each_drafter_variant_is_priced_at_its_own_acceptance():
+    four_bit, both = "int8+int4", "int8+int4@qwen2.5-coder-0.5b-instruct-32768"
+    given = {"vocabulary": 0.8, "int4": 0.84, "int4+vocabulary": 0.78}
+    assert DraftVariant.parse(four_bit).acceptance(0.86, given) == 0.84
+    assert DraftVariant.parse(both).acceptance(0.86, given) == 0.78
+    assert DraftVariant.parse("int8@qwen2.5-coder-0.5b-instruct-32768").acceptance(0.86, given) == 0.8
+    assert DraftVariant.parse("bfloat16+int8-weight").acceptance(0.86, given) == 0.86  # rounds as the plain draft
+    assert DraftVariant.parse(both).acceptance(0.86, {"vocabulary": 0.8}) == 0.8  # the nearest stated
+    assert DraftVariant.parse(four_bit).acceptance(0.86, None) == 0.86
+    # the 4-bit draft's cheaper step against its lower acceptance
+    p = profile_of({(T, "int8"): {1: 40.0, 2: 43.0, 4: 48.0, 8: 78.0}, (D, "int8"): {1: 14.0}, (D, four_bit): {1: 9.0}})
+    options = dict(acceptance=0.86, threads=2, dtypes=["int8"], draft_dtypes=["int8", four_bit])
+    assert choose_configuration(p, D, T, **options, variant_acceptance={"int4": 0.84}).draft_dtype == four_bit
+    assert choose_configuration(p, D, T, **options, variant_acceptance={"int4": 0.5}).draft_dtype == "int8"

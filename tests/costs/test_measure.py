@@ -50,7 +50,9 @@ def test_quantised_drafter_variants_are_measured_as_the_drafter_runs_them(monkey
     int8_calls = []  # the variant must time the int8 copy, not the model it was loaded as
     forward = Int8WeightLinear.forward
     monkeypatch.setattr(Int8WeightLinear, "forward", lambda self, x: int8_calls.append(1) or forward(self, x))
-    profile = measure_profile(grid, load=lambda name, dtype, device: model, progress=False)
+    loads = []  # one load: the quantised copy takes turns with the plain model it was made from
+    profile = measure_profile(grid, load=lambda name, dtype, device: loads.append(dtype) or model, progress=False)
+    assert loads == ["float32"]
     assert {e.dtype for e in profile.entries} == {"float32", "float32+int8-weight"}
     assert int8_calls
     assert missing_points(profile, grid) is None
@@ -66,6 +68,8 @@ def test_quantised_drafter_variants_are_measured_as_the_drafter_runs_them(monkey
     todo = missing_points(profile, wider)
     assert todo.combinations() == [("a", "float32+int8-dynamic")]  # only what the profile lacks
     with pytest.raises(ValueError, match="<dtype>\\+<quantization>"):
+        ProfileGrid(models=["a"], variants=["bfloat16+int2"], variant_models=["a"])
+    with pytest.raises(ValueError, match="made from an int8 draft: int8\\+int4"):
         ProfileGrid(models=["a"], variants=["bfloat16+int4"], variant_models=["a"])
     with pytest.raises(ValueError, match="go together"):
         ProfileGrid(models=["a"], variants=["bfloat16+int8-weight"])
@@ -111,7 +115,7 @@ def test_a_drafter_over_a_draft_vocabulary_is_timed_with_its_reduced_head(monkey
     profile = measure_profile(alone, load=lambda name, dtype, device: loads.append(dtype) or model, progress=False)
     assert loads == ["float32"] and {e.dtype for e in profile.entries} == {f"float32@{vocabulary}"}
     with pytest.raises(ValueError, match="<dtype>@<draft vocabulary>"):
-        ProfileGrid(models=["a"], variants=[f"float32+int4@{vocabulary}"], variant_models=["a"])
+        ProfileGrid(models=["a"], variants=[f"float32+int2@{vocabulary}"], variant_models=["a"])
 
 
 def test_measure_pair_times_slim_views_prefill_and_the_quantised_drafter(monkeypatch):

@@ -207,7 +207,7 @@ def test_all_levers_together_equal_ar_fp32(tiny_target, tiny_draft):
 
 def test_unknown_quantization_raises(tiny_draft):
     with pytest.raises(ValueError, match="int8-weight"):
-        ModelDrafter(tiny_draft, quantize="int4")
+        ModelDrafter(tiny_draft, quantize="int2")
 
 
 def test_a_vocabulary_built_on_sharegpt_counts_its_answers_not_its_questions(tmp_path, monkeypatch):

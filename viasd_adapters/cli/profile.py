@@ -172,7 +172,7 @@ def run(cfg: DictConfig) -> ProfileOutcome:
         context=cfg.context,
         min_speedup=cfg.min_speedup,
         eagle=eagle,
-        vocabulary_acceptance=cfg.vocabulary_acceptance,
+        variant_acceptance=cfg.variant_acceptance,
     )
     decoded = []
     if cfg.prompt:

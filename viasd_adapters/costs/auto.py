@@ -6,6 +6,7 @@ costs of a fixed pair)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
@@ -13,13 +14,16 @@ import torch
 from ..decode import Decoder, SpeculativeDecoder
 from ..decode.schedule import ASSUMED_ACCEPTANCE, AdaptiveDraftLength, DraftCosts
 from ..draft import ModelDrafter
+from ..draft.model import FOUR_BIT
 from ..verify import LosslessVerifier
 from .choice import choose_configuration, eagle_candidate
 from .profile import DraftVariant, load_profile
 
 logger = logging.getLogger(__name__)
 
-DRAFTER_QUANTIZATIONS = ("int8-weight",)  # the drafter variants `auto` weighs beside the plain draft
+# the drafter variants `auto` weighs beside the plain draft: of a float draft its int8-weight copy,
+# of a W8A8 one its 4-bit steps (`ModelDrafter(quantize=...)`); the profile has only those it timed
+DRAFTER_QUANTIZATIONS = ("int8-weight", FOUR_BIT)
 
 
 def adaptive_draft_length(
@@ -64,11 +68,12 @@ def chosen_draft_variant(
     k_max: int = 8,
     context: int = 256,
     vocabulary: str | None = None,
-    vocabulary_acceptance: float | None = None,
+    variant_acceptance: Mapping[str, float] | None = None,
 ) -> str:
     """The drafter the latency profile chooses for this target precision at this thread count:
-    `draft_precision`, one of its quantised variants, or either over the draft `vocabulary` (at
-    `vocabulary_acceptance`; None: `acceptance`), as the profile names them (`DraftVariant`). Where
+    `draft_precision`, one of its quantised variants, or either over the draft `vocabulary`, each
+    priced at its own acceptance (`DraftVariant.acceptance`: `variant_acceptance`, else
+    `acceptance`), as the profile names them (`DraftVariant`). Where
     no drafting pays (the choice is AR), the cheapest draft, which `profiled_draft_length` then
     leaves idle (K = 0) until acceptance rises."""
     try:
@@ -97,7 +102,7 @@ def chosen_draft_variant(
         draft_dtypes=variants,
         k_max=k_max,
         context=context,
-        vocabulary_acceptance=vocabulary_acceptance,
+        variant_acceptance=variant_acceptance,
     )
     if choice.framework == "sd":
         return choice.draft_dtype
@@ -118,17 +123,17 @@ class ProfiledDrafter(ModelDrafter):
         profile_path: str | None = None,
         acceptance: float = ASSUMED_ACCEPTANCE,
         vocabulary: str | None = None,
-        vocabulary_acceptance: float | None = None,
+        variant_acceptance: Mapping[str, float] | None = None,
         **drafter_settings,
     ):
-        """`acceptance`: the pair's per-token acceptance, at which the variant is chosen;
-        `vocabulary`: a draft vocabulary it may score instead of the full one, at
-        `vocabulary_acceptance` (None: `acceptance`)."""
+        """`acceptance`: the plain draft's per-token acceptance; `variant_acceptance`: its variants'
+        (`DraftVariant.acceptance`), at which each is priced; `vocabulary`: a draft vocabulary it
+        may score instead of the full one."""
         self.variant = chosen_draft_variant(
             draft, target, precision, draft_precision, device, profile_path, acceptance,
-            vocabulary=vocabulary, vocabulary_acceptance=vocabulary_acceptance,
+            vocabulary=vocabulary, variant_acceptance=variant_acceptance,
         )  # fmt: skip
-        self.vocabulary_acceptance = vocabulary_acceptance
+        self.variant_acceptance = variant_acceptance
         chosen = DraftVariant.parse(self.variant)
         super().__init__(model, quantize=chosen.quantization, vocabulary=chosen.vocabulary, **drafter_settings)
         self.runner.variant = self.variant  # the stats name what ran as the profile does
@@ -143,19 +148,22 @@ def profiled_draft_length(
     profile_path: str | None = None,
     k_min: int = 0,
     vocabulary: str | None = None,
-    vocabulary_acceptance: float | None = None,
+    variant_acceptance: Mapping[str, float] | None = None,
     **schedule_settings,
 ) -> AdaptiveDraftLength:
     """`AdaptiveDraftLength` on the costs of the drafter `ProfiledDrafter` chooses with the same
-    settings; K may be 0 (a greedy AR step) where no block pays at the acceptance observed."""
-    acceptance = schedule_settings.get("prior_acceptance", ASSUMED_ACCEPTANCE)
+    settings, starting from that drafter's acceptance; K may be 0 (a greedy AR step) where no block
+    pays at the acceptance observed."""
+    acceptance = schedule_settings.pop("prior_acceptance", ASSUMED_ACCEPTANCE)
     variant = chosen_draft_variant(
         draft, target, precision, draft_precision, device, profile_path, acceptance,
-        vocabulary=vocabulary, vocabulary_acceptance=vocabulary_acceptance,
+        vocabulary=vocabulary, variant_acceptance=variant_acceptance,
     )  # fmt: skip
+    prior = DraftVariant.parse(variant).acceptance(acceptance, variant_acceptance)
     return adaptive_draft_length(
-        draft, target, precision, variant, profile_path=profile_path, device=device, k_min=k_min, **schedule_settings
-    )
+        draft, target, precision, variant, profile_path=profile_path, device=device, k_min=k_min,
+        prior_acceptance=prior, **schedule_settings,
+    )  # fmt: skip
 
 
 class ProfiledDecoder(Decoder):
@@ -205,7 +213,7 @@ class ProfiledDecoder(Decoder):
             [drafter.variant],
             context=context,
             eagle=candidate,
-            vocabulary_acceptance=drafter.vocabulary_acceptance,
+            variant_acceptance=drafter.variant_acceptance,
         )
         if choice.framework == "eagle":
             from ..hosts.eagle import EagleDecoder

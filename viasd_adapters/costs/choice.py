@@ -5,7 +5,7 @@ profile and an assumed per-token acceptance (Leviathan's S(a, K), `decode.schedu
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from ..decode.schedule import best_draft_length, expected_speedup
@@ -102,7 +102,7 @@ def _options_at(
     k_max: int,
     context: int,
     eagle: EagleCandidate | None = None,
-    vocabulary_acceptance: float | None = None,
+    variant_acceptance: Mapping[str, float] | None = None,
 ) -> list[Choice]:
     """Every (target dtype, AR, SD with each draft dtype at its best K, EAGLE with its best tree)
     the profile prices at `threads`."""
@@ -121,9 +121,7 @@ def _options_at(
             Choice("ar", dtype, None, 0, ar / fastest_ar, ar, fastest_ar, threads, acceptance, fastest_dtype)
         )
         for draft_dtype in drafts:
-            a = acceptance
-            if vocabulary_acceptance is not None and DraftVariant.parse(draft_dtype).vocabulary:
-                a = vocabulary_acceptance
+            a = DraftVariant.parse(draft_dtype).acceptance(acceptance, variant_acceptance)
             costs = profile.draft_costs(draft, target, dtype, draft_dtype, threads, context, k_max + 1)
             k = best_draft_length(a, costs, k_max)
             speed = expected_speedup(a, k, costs) * ar
@@ -187,7 +185,7 @@ def choose_configuration(
     context: int = 256,
     min_speedup: float = 1.0,
     eagle: EagleCandidate | None = None,
-    vocabulary_acceptance: float | None = None,
+    variant_acceptance: Mapping[str, float] | None = None,
 ) -> Choice:
     """The (threads, target dtype, draft dtype, K) with the most expected tokens per second.
 
@@ -199,15 +197,16 @@ def choose_configuration(
     be expected to run at least `min_speedup` times the fastest AR to be chosen: the model prices
     a round's forwards only, not what else a round costs. `eagle`: an EAGLE head competes too,
     with the tree its measured acceptance and the profile's costs make best (`costs.tree`).
-    `vocabulary_acceptance`: the acceptance of drafters that score a reduced vocabulary
-    ("<dtype>@<vocabulary>"), which never propose the ids left out; None: `acceptance`.
+    `variant_acceptance`: the acceptance of drafter variants that propose otherwise than the
+    plain draft, by what they change (`DraftVariant.acceptance`): a reduced vocabulary never
+    proposes the ids left out, 4-bit steps round coarser; the others are priced at `acceptance`.
     """
     dtypes = list(dtypes)
     draft_dtypes = list(draft_dtypes or dtypes)
     best: Choice | None = None
     for t in [threads] if isinstance(threads, int) else list(threads):
         options = _options_at(
-            profile, draft, target, acceptance, t, dtypes, draft_dtypes, k_max, context, eagle, vocabulary_acceptance
+            profile, draft, target, acceptance, t, dtypes, draft_dtypes, k_max, context, eagle, variant_acceptance
         )
         for option in options:
             if option.framework != "ar" and option.expected_speedup < min_speedup:

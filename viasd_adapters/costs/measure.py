@@ -15,9 +15,10 @@ import torch
 from tqdm.auto import tqdm
 
 from ..draft import ModelDrafter
+from ..draft.model import FOUR_BIT
 from ..hardware import cpu_info, device_label
 from ..models import LoadedModel, ModelSpec, load_model
-from ..models.precision import Precision
+from ..models.precision import INT8, Precision
 from ..models.quantize import QUANTIZATIONS
 from ..routing import RoutingMask, decoding_view
 from .choice import winnable_dtypes
@@ -43,7 +44,7 @@ class ProfileGrid:
     variants: list[str] = field(default_factory=list)  # e.g. ["bfloat16+int8-weight"]
     variant_models: list[str] = field(default_factory=list)  # the models measured in `variants` too
     draft_vocabulary: str | None = None  # a draft vocabulary (models/vocab) the variant_models are timed with too
-    vocabulary_dtypes: list[str] = field(default_factory=lambda: ["int8"])  # ... in these of `dtypes`
+    vocabulary_dtypes: list[str] = field(default_factory=lambda: ["int8"])  # ... in these of `dtypes` or variants
     threads: list[int] | None = None  # clipped to the cores there are; None: the cores there are
     new_tokens: list[int] = field(default_factory=lambda: [1, 2, 4, 6, 8, 12])  # tokens fed per forward
     contexts: list[int] = field(default_factory=lambda: [128, 512])  # tokens cached before each forward
@@ -54,20 +55,26 @@ class ProfileGrid:
         if not self.models and not self.variant_models:
             raise ValueError("name at least one model to profile (models=[...])")
         if self.draft_vocabulary:
-            reduced = (DraftVariant(d, vocabulary=self.draft_vocabulary) for d in self.vocabulary_dtypes)
+            reduced = (
+                dataclasses.replace(DraftVariant.parse(d), vocabulary=self.draft_vocabulary)
+                for d in self.vocabulary_dtypes
+            )
             self.variants = [*self.variants, *(v.label for v in reduced if v.dtype in self.dtypes)]
         if bool(self.variants) != bool(self.variant_models):
             raise ValueError(
                 "variants and variant_models go together: name the drafter variants (or a draft_vocabulary)"
                 " and the models measured in them, or neither"
             )
+        quantizations = sorted([*QUANTIZATIONS, FOUR_BIT])
         for variant in map(DraftVariant.parse, self.variants):
             head_only = variant.quantization is None and variant.vocabulary is not None
-            if not head_only and variant.quantization not in QUANTIZATIONS:
+            if not head_only and variant.quantization not in quantizations:
                 raise ValueError(
                     f"variant {variant.label!r} is not <dtype>+<quantization> with a quantization of"
-                    f" {sorted(QUANTIZATIONS)}, e.g. bfloat16+int8-weight, or <dtype>@<draft vocabulary>"
+                    f" {quantizations}, e.g. bfloat16+int8-weight or int8+int4, or <dtype>@<draft vocabulary>"
                 )
+            if variant.quantization == FOUR_BIT and variant.dtype != INT8:
+                raise ValueError(f"variant {variant.label!r}: 4-bit steps are made from an int8 draft: int8+{FOUR_BIT}")
         if self.threads is None:
             self.threads = [cpu_info().logical_cores]
         for name in ("dtypes", "threads", "new_tokens", "contexts"):
@@ -142,7 +149,7 @@ def measure_profile(
         total=len(loads) * len(threads) * len(shapes), desc="latency profile", unit="point", disable=not progress
     )
     try:
-        for (name, dtype), heads_only in loads.items():
+        for (name, dtype), derived in loads.items():
             variant = DraftVariant.parse(dtype)
             model = load(name, variant.dtype, device)
             _check_window(model, name, grid)
@@ -153,8 +160,12 @@ def measure_profile(
             else:
                 views = {(dtype, key): view for key, view in _slim_views(model, masks.get(name, ())).items()}
                 views[dtype, None] = model
-                for label in heads_only:  # taking turns with the plain model: drift hits both alike
-                    views[label, None] = ModelDrafter(model, vocabulary=DraftVariant.parse(label).vocabulary).runner
+                for label in derived:  # taking turns with the plain model: drift hits both alike
+                    derived_variant = DraftVariant.parse(label)
+                    drafter = ModelDrafter(
+                        model, quantize=derived_variant.quantization, vocabulary=derived_variant.vocabulary
+                    )
+                    views[label, None] = drafter.runner
             whole = {key: view for key, view in views.items() if key[1] is None}
             for t in threads:
                 torch.set_num_threads(t)
@@ -185,14 +196,15 @@ def measure_profile(
 
 
 def _loads(combinations: list[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
-    """{(model, dtype or variant) to load: the variants timed with its weights as loaded}. A draft
-    over a draft vocabulary alone ("int8@<vocabulary>") shares its plain dtype's load, where that is
-    measured too, and takes turns with it."""
+    """{(model, dtype or variant) to load: the variants timed with its weights as loaded}. A drafter
+    variant ("int8@<vocabulary>", "int8+int4", "bfloat16+int8-weight") shares its load dtype's load,
+    where that is measured too, and takes turns with it: c, a draft's step over the target's, then
+    compares steps timed side by side, not in loads minutes apart on a drifting machine."""
     planned = set(combinations)
     loads: dict[tuple[str, str], list[str]] = {}
     for name, dtype in combinations:
         variant = DraftVariant.parse(dtype)
-        if variant.vocabulary and not variant.quantization and (name, variant.dtype) in planned:
+        if dtype != variant.dtype and (name, variant.dtype) in planned:
             loads.setdefault((name, variant.dtype), []).append(dtype)
         else:
             loads.setdefault((name, dtype), [])

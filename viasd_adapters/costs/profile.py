@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -73,6 +74,17 @@ class DraftVariant:
     def label(self) -> str:
         quantization = f"+{self.quantization}" if self.quantization else ""
         return f"{self.dtype}{quantization}" + (f"@{self.vocabulary}" if self.vocabulary else "")
+
+    def acceptance(self, plain: float, variant_acceptance: Mapping[str, float] | None) -> float:
+        """This drafter's per-token acceptance: `variant_acceptance` holds the measured a of the
+        variants that propose otherwise than the plain draft, keyed by what they change ("vocabulary",
+        "int4", "int4+vocabulary"); `plain` for the rest (a copy that rounds alike, "int8-weight")."""
+        given = variant_acceptance or {}
+        changes = [*([self.quantization] if self.quantization else []), *(["vocabulary"] if self.vocabulary else [])]
+        for key in ("+".join(changes), "vocabulary" if self.vocabulary else None):
+            if key in given:
+                return float(given[key])
+        return plain
 
 
 def draft_head_key(target: str, head: str) -> str:

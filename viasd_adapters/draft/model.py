@@ -5,11 +5,15 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from ..models.int4_gemv import four_bit_copy
+from ..models.precision import INT8
 from ..models.quantize import QUANTIZATIONS, quantized_copy
 from ..models.vocab import DraftVocabulary, ReducedHead
 from ..runner import CallStats, CausalLMRunner
 from ..sampling import Sampler
 from .base import DraftBlock, Drafter
+
+FOUR_BIT = "int4"  # `quantize` of a W8A8 draft: its steps on 4-bit weights
 
 
 class ModelDrafter(Drafter):
@@ -25,8 +29,10 @@ class ModelDrafter(Drafter):
     * `vocabulary`: the LM head scores only a `DraftVocabulary`'s N ids (a `ReducedHead`); p is
       the renormalised distribution over them, zero elsewhere, which is the exact proposal
       rejection sampling needs;
-    * `quantize`: the drafter runs a quantised copy of the model (`models.quantize`); the
-      pair's model itself is untouched, so other decoders sharing it are not affected.
+    * `quantize`: the drafter runs a quantised copy of the model: of a float draft, one of
+      `models.quantize`'s schemes; of a W8A8 draft, "int4", its steps on 4-bit weights
+      (`models.int4_gemv`). The pair's model itself is untouched, so other decoders sharing it
+      are not affected.
     """
 
     @staticmethod
@@ -34,8 +40,8 @@ class ModelDrafter(Drafter):
         """The plain settings' rules (also checked before any model loads: `viasd_adapters.checks`)."""
         if confidence_threshold is not None and not 0 <= confidence_threshold <= 1:
             raise ValueError(f"confidence_threshold must be in [0, 1] (null: off), got {confidence_threshold}")
-        if quantize is not None and quantize not in QUANTIZATIONS:
-            raise ValueError(f"quantize {quantize!r} is not one of {sorted(QUANTIZATIONS)} (null: off)")
+        if quantize is not None and quantize not in (*QUANTIZATIONS, FOUR_BIT):
+            raise ValueError(f"quantize {quantize!r} is not one of {sorted([*QUANTIZATIONS, FOUR_BIT])} (null: off)")
 
     def __init__(
         self,
@@ -51,13 +57,17 @@ class ModelDrafter(Drafter):
         self.full_vocab_size = int(model.get_output_embeddings().out_features)
         if isinstance(vocabulary, str):
             vocabulary = DraftVocabulary.load(vocabulary)
-        head = ReducedHead(model, vocabulary) if vocabulary is not None else None
         variant = None
-        if quantize is not None:
+        if quantize == FOUR_BIT:
+            variant = f"{INT8}+{FOUR_BIT}"  # the latency profile's name for it
+            model = four_bit_copy(model)  # before the reduced head, whose rows it then holds in 4 bits
+        head = ReducedHead(model, vocabulary) if vocabulary is not None else None
+        if quantize not in (None, FOUR_BIT):
             if not any(isinstance(m, torch.nn.Linear) for m in model.modules()):
                 raise ValueError(
                     f"quantize={quantize}: the draft model has no dense linear layer left to quantise (it is"
-                    " int8 already, e.g. runtime.draft_weights=int8); set quantize=null"
+                    " int8 already, e.g. runtime.draft_weights=int8); set quantize=null, or quantize=int4"
+                    " for its steps on 4-bit weights"
                 )
             variant = f"{str(model.dtype).removeprefix('torch.')}+{quantize}"  # the latency profile's name for it
             model = quantized_copy(model, quantize, keep_head=head is not None)

@@ -167,18 +167,17 @@ def _register_native_or_python_ops() -> bool:
         "viasd::attend", lambda keys, values, write, k, v, q, counts, order: torch.empty_like(q), lib=_LIBRARY
     )
     if native_ops:
-        torch.library.register_fake(
-            "viasd::w8a8_gemv",
-            lambda rows, weight, *_: rows.new_empty(rows.shape[0], weight.shape[0]),
-            lib=_LIBRARY,
-        )
+        for name in ("viasd::w8a8_gemv", "viasd::w4a8_gemv"):  # weight [N, ...] after the rows
+            torch.library.register_fake(
+                name, lambda rows, weight, *_: rows.new_empty(rows.shape[0], weight.shape[0]), lib=_LIBRARY
+            )
     return native_ops
 
 
 # ----------------------------------------------------------------------------- weights as graph inputs
 # A projection is a tuple the graph branches on at trace time (the same structure in every layer):
 #   ("dense", weight [N, K], bias [N] | None)
-#   ("int8", N, bias [N] | None, ((PackedGemm, channels [k] | None, Int8Gemv.args | None), ...))
+#   ("int8", N, bias [N] | None, ((PackedGemm, channels [k] | None, (GEMV op name, its args) | None), ...))
 def _projection(module: torch.nn.Module) -> tuple:
     if isinstance(module, torch.nn.Linear):
         return ("dense", module.weight, module.bias)
@@ -190,14 +189,15 @@ def _projection(module: torch.nn.Module) -> tuple:
 
 
 def _static_gemv_args(gemm: _RowQuantGemm) -> tuple | None:
-    """The GEMV operator's arguments after the rows, their sizes kept static like the model's other
-    widths (see `DecodeStep._block`): each model's one-row graph is its own, never one generic in a
-    width Dynamo saw change."""
+    """(the GEMV operator's name, its arguments after the rows), their sizes kept static like the
+    model's other widths (see `DecodeStep._block`): each model's one-row graph is its own, never one
+    generic in a width Dynamo saw change."""
     if gemm.gemv is None:
         return None
-    for tensor in gemm.gemv.args[:3]:
-        _static(tensor)
-    return gemm.gemv.args
+    for arg in gemm.gemv.args:
+        if isinstance(arg, torch.Tensor):
+            _static(arg)
+    return gemm.gemv.op_name, gemm.gemv.args
 
 
 def _layer_weights(layer: torch.nn.Module) -> dict:
@@ -231,7 +231,8 @@ def project(x: torch.Tensor, proj: tuple, gemv: bool = False) -> torch.Tensor:
     for gemm, channels, gemv_args in groups:
         selected = rows if channels is None else rows.index_select(1, channels)
         if gemv and gemv_args is not None:
-            out = torch.ops.viasd.w8a8_gemv(selected, *gemv_args)
+            op_name, args = gemv_args
+            out = getattr(torch.ops.viasd, op_name)(selected, *args)
         else:
             out = w8a8_gemm(selected, gemm, out_features)
         y = out if y is None else y + out

@@ -60,6 +60,8 @@ def _activation_quantization() -> tuple[float, int]:
 class Int8Gemv:
     """x W^T for `_RowQuantGemm`'s per-channel int8 weight W, on up to `GEMV_MAX_ROWS` rows."""
 
+    op_name = "w8a8_gemv"  # the operator in torch.ops.viasd
+
     def __init__(self, qweight: torch.Tensor):
         """`qweight`: [N, K] int8 per-channel quantised with zero points 0."""
         if bool(qweight.q_per_channel_zero_points().any()):

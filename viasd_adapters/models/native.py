@@ -31,7 +31,13 @@ from .offline import cache_root
 logger = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-SOURCES = (_HERE / "int8_gemv.c", _HERE / "int8_gemv.h", _HERE / "native_ops.cpp")
+SOURCES = (
+    _HERE / "int8_gemv.c",
+    _HERE / "int4_gemv.c",
+    _HERE / "int8_gemv.h",
+    _HERE / "int4_gemv.h",
+    _HERE / "native_ops.cpp",
+)
 # -ffp-contract=off: the kernel's float epilogue must round as fbgemm's does (int8_gemv.c).
 C_FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-fPIC")
 CXX_FLAGS = ("-O2", "-std=c++20", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
@@ -66,10 +72,12 @@ def library_path() -> Path:
     torch_lib = cpp_extension.library_paths()[0]
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
     with tempfile.TemporaryDirectory(dir=path.parent) as work:
-        kernel, ops, built = (str(Path(work) / name) for name in ("int8_gemv.o", "native_ops.o", "ops.so"))
-        _run([cc, *C_FLAGS, "-c", str(SOURCES[0]), "-o", kernel])
-        _run([cxx, *CXX_FLAGS, *includes, "-c", str(SOURCES[2]), "-o", ops])
-        _run([cxx, "-shared", "-fopenmp", ops, kernel, f"-L{torch_lib}", "-ltorch", "-ltorch_cpu", "-lc10",
+        kernels = [str(Path(work) / f"{source.stem}.o") for source in SOURCES if source.suffix == ".c"]
+        ops, built = str(Path(work) / "native_ops.o"), str(Path(work) / "ops.so")
+        for source, kernel in zip((s for s in SOURCES if s.suffix == ".c"), kernels):
+            _run([cc, *C_FLAGS, "-c", str(source), "-o", kernel])
+        _run([cxx, *CXX_FLAGS, *includes, "-c", str(SOURCES[-1]), "-o", ops])
+        _run([cxx, "-shared", "-fopenmp", ops, *kernels, f"-L{torch_lib}", "-ltorch", "-ltorch_cpu", "-lc10",
               f"-Wl,-rpath,{torch_lib}", "-o", built])  # fmt: skip
         os.replace(built, path)  # whole or not at all: another process may be building it too
     logger.info("built the native operators in %.1f s: %s", time.perf_counter() - start, path)

@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "int4_gemv.h"
 #include "int8_gemv.h"
 
 namespace {
@@ -30,6 +31,28 @@ at::Tensor w8a8_gemv(const at::Tensor& rows, const at::Tensor& weight, const at:
   const int status = w8a8_gemm(&w, x.data_ptr<float>(), x.stride(0), x.size(0), out.data_ptr<float>(),
                                weight.size(0), at::get_num_threads());
   TORCH_CHECK(status == 0, "int8 GEMV failed on ", x.size(0), " rows (1-", W8A8_MAX_ROWS,
+              " allowed, or out of memory)");
+  return out;
+}
+
+// int4_gemv.Int4Gemv's product: rows [M, Kx] fp32 (unit stride along Kx) -> [M, N] fp32.
+at::Tensor w4a8_gemv(const at::Tensor& rows, const at::Tensor& packed, const at::Tensor& scales,
+                     const at::Tensor& minima) {
+  TORCH_CHECK(rows.dim() == 2 && rows.scalar_type() == at::kFloat, "w4a8_gemv: rows must be [M, K] fp32");
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  scales.dim() == 2 && scales.scalar_type() == at::kFloat && scales.is_contiguous() &&
+                  minima.sizes() == scales.sizes() && minima.scalar_type() == at::kFloat && minima.is_contiguous() &&
+                  scales.size(0) == packed.size(0) && packed.size(1) * 2 == scales.size(1) * W4A8_GROUP &&
+                  rows.size(1) <= packed.size(1) * 2,
+              "w4a8_gemv: packed [N, K / 2] uint8, scales and minima [N, K / ", W4A8_GROUP, "] fp32 expected, K >= ",
+              rows.size(1));
+  const at::Tensor x = rows.stride(1) == 1 ? rows : rows.contiguous();
+  at::Tensor out = at::empty({x.size(0), packed.size(0)}, x.options());
+  const w4a8_weight w{packed.data_ptr<uint8_t>(), scales.data_ptr<float>(), minima.data_ptr<float>(),
+                      packed.size(1) * 2, packed.size(0)};
+  const int status = w4a8_gemm(&w, x.data_ptr<float>(), x.size(1), x.stride(0), x.size(0), out.data_ptr<float>(),
+                               packed.size(0), at::get_num_threads());
+  TORCH_CHECK(status == 0, "4-bit GEMV failed on ", x.size(0), " rows (1-", W4A8_MAX_ROWS,
               " allowed, or out of memory)");
   return out;
 }
@@ -66,6 +89,7 @@ TORCH_LIBRARY_FRAGMENT(viasd, m) {
   m.def(
       "w8a8_gemv(Tensor rows, Tensor weight, Tensor colsum, Tensor multiplier, float inverse_scale, int zero_point)"
       " -> Tensor");
+  m.def("w4a8_gemv(Tensor rows, Tensor packed, Tensor scales, Tensor minima) -> Tensor");
   m.def(
       "attend(Tensor(a!) keys, Tensor(b!) values, Tensor write, Tensor k, Tensor v, Tensor q, Tensor counts,"
       " Tensor? order) -> Tensor");
@@ -73,5 +97,6 @@ TORCH_LIBRARY_FRAGMENT(viasd, m) {
 
 TORCH_LIBRARY_IMPL(viasd, CPU, m) {
   m.impl("w8a8_gemv", w8a8_gemv);
+  m.impl("w4a8_gemv", w4a8_gemv);
   m.impl("attend", attend);
 }

@@ -34,7 +34,8 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedModel
 
-from .int8_gemv import GEMV_MAX_ROWS, gemv_enabled, gemv_for
+from .int4_gemv import Int4Gemv
+from .int8_gemv import GEMV_MAX_ROWS, Int8Gemv, gemv_enabled, gemv_for
 
 # Rows up to which the int8 kernel beats the dense one (measured above); more go dense.
 INT8_MAX_ROWS = 4
@@ -168,7 +169,7 @@ class _RowQuantGemm:
         self.bounds[0, 0], self.bounds[0, -1] = 1.0, -1.0
         # The GEMV keeps its own copy of the int8 weight (int8_gemv.py says what it costs), taken
         # before packing: unpacking it again would cost a third of a cached model's load.
-        self.gemv = gemv_for(qweight)
+        self.gemv: Int8Gemv | Int4Gemv | None = gemv_for(qweight)
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
         """[M, K] fp32 -> [M, N] fp32."""
@@ -189,7 +190,10 @@ class _RowQuantGemm:
     def select_outputs(self, ids: torch.Tensor) -> _RowQuantGemm:
         """The GEMM of output channels `ids` [n] alone: each computes what it computes here."""
         q = self.quantized_weight()
-        return _RowQuantGemm(_per_channel(q.int_repr()[ids], q.q_per_channel_scales()[ids]))
+        selected = _RowQuantGemm(_per_channel(q.int_repr()[ids], q.q_per_channel_scales()[ids]))
+        if isinstance(self.gemv, Int4Gemv):  # a drafter's 4-bit steps: the same channels' 4-bit rows
+            selected.gemv = self.gemv.select_outputs(ids)
+        return selected
 
 
 class Int8Linear(torch.nn.Module):
@@ -424,6 +428,16 @@ def _share_input_gemms(
             group = _SharedInputGemm(linears, weights, f"{name}.{'+'.join(names)}")
             for index, projection in enumerate(names):
                 setattr(module, projection, Int8Projection(group, index))
+
+
+def int8_products(model: torch.nn.Module) -> list[_RowQuantGemm]:
+    """Every W8A8 product of `model`, once each (a shared-input group's one, not per projection)."""
+    gemms: dict[int, _RowQuantGemm] = {}
+    for module in model.modules():
+        layer = module._group.linear if isinstance(module, Int8Projection) else module
+        if isinstance(layer, Int8Linear):
+            gemms.update((id(g), g) for g in layer._gemms)
+    return list(gemms.values())
 
 
 QUANTIZATIONS = {"int8": Int8Linear, "int8-weight": Int8WeightLinear, "int8-dynamic": DynamicInt8Linear}
