@@ -293,3 +293,13 @@ def test_the_llama_cpp_method_without_its_extra_is_refused_with_the_install_comm
     )
     with pytest.raises(ValueError, match=r"needs llama-cpp-python: pip install 'viasd-adapters\[llama-cpp\]'"):
         check_config(composed("bench", ["method=[ar,llama-cpp]"]), [])
+
+
+def test_4_bit_draft_steps_on_a_cpu_without_their_kernel_are_refused(monkeypatch):
+    from viasd_adapters.models import native
+
+    overrides = ["runtime.draft_weights=int8", "method=[ar,sd-int4]"]
+    check_config(composed("bench", overrides), overrides)
+    monkeypatch.setattr(native, "cpu_unsupported", lambda: "an aarch64 CPU, not x86-64")
+    with pytest.raises(ValueError, match="needs an x86-64 CPU with AVX2 \\(an aarch64 CPU.*quantize=null"):
+        check_config(composed("bench", overrides), overrides)

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import compat
 from .draft.model import FOUR_BIT
 from .hosts.registry import HOSTS, HostRegistry, HostSpec
+from .models import native
 from .models.precision import INT8, check_precision
 from .pipeline import PAIR_MODELS
 
@@ -78,6 +79,11 @@ def check_config(
             raise ValueError(
                 f"{key}={FOUR_BIT} makes 4-bit steps from a W8A8 draft's int8 weights: set"
                 f" runtime.draft_weights=int8 (it is {draft_weights})"
+            )
+        unsupported = native.cpu_unsupported() if quantize == FOUR_BIT else None
+        if unsupported is not None:
+            raise ValueError(
+                f"{key}={FOUR_BIT}: the 4-bit kernel needs an x86-64 CPU with AVX2 ({unsupported}); set {key}=null"
             )
     masks = []
     if "model_pair" in cfg and cfg.model_pair.get("target") is not None:

@@ -111,3 +111,17 @@ def test_a_profile_of_an_older_format_or_unreadable_is_measured_again(tmp_path, 
     path.write_text(path.read_text()[:20])  # cut off mid-write
     assert _cached_profile(path, "cpu") is None
     assert f"{path} is not a readable profile" in caplog.text
+
+
+def test_without_the_native_operators_the_4_bit_drafters_are_not_profiled(monkeypatch, caplog):
+    from viasd_adapters.cli.profile import runnable_grid
+    from viasd_adapters.costs import ProfileGrid
+    from viasd_adapters.models import native
+
+    def grid():
+        return ProfileGrid(models=["a"], dtypes=["int8"], variants=["int8+int4"], variant_models=["a"])
+
+    assert runnable_grid(grid(), "cpu").variants == ["int8+int4"]  # CI's AVX2 CPU builds them
+    monkeypatch.setattr(native, "load", lambda: "no compiler")
+    assert runnable_grid(grid(), "cpu").variants == []
+    assert "4-bit drafters are not profiled: no compiler" in caplog.text

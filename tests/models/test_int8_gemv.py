@@ -10,7 +10,7 @@ from viasd_adapters.models.int8_gemv import GEMV_MAX_ROWS, _channel_sums, fbgemm
 from viasd_adapters.models.quantize import _RowQuantGemm
 
 pytestmark = pytest.mark.skipif(
-    native._cpu_supported() is not None, reason=f"the int8 GEMV needs AVX2: {native._cpu_supported()}"
+    native.cpu_unsupported() is not None, reason=f"the int8 GEMV needs AVX2: {native.cpu_unsupported()}"
 )
 
 

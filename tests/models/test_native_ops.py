@@ -16,7 +16,7 @@ from viasd_adapters.models import ModelSpec, load_model, native
 from viasd_adapters.models.compiled import _attend, inductor_cache_dir
 from viasd_adapters.runner import CausalLMRunner
 
-pytestmark = pytest.mark.skipif(native._cpu_supported() is not None, reason=f"{native._cpu_supported()}")
+pytestmark = pytest.mark.skipif(native.cpu_unsupported() is not None, reason=f"{native.cpu_unsupported()}")
 
 IDS = torch.tensor([[5, 17, 99, 3, 42, 8, 120, 7]])
 

@@ -18,7 +18,7 @@ from viasd_adapters.models.int8_gemv import GEMV_MAX_ROWS
 from viasd_adapters.models.packaged import PackagedLayer
 from viasd_adapters.runner import CausalLMRunner
 
-pytestmark = pytest.mark.skipif(native._cpu_supported() is not None, reason=f"{native._cpu_supported()}")
+pytestmark = pytest.mark.skipif(native.cpu_unsupported() is not None, reason=f"{native.cpu_unsupported()}")
 
 LOGGER = "viasd_adapters.models.packaged"
 

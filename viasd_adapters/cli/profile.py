@@ -29,7 +29,8 @@ from ..costs import (
 from ..decode import GenerationResult
 from ..decode.schedule import AdaptiveDraftLength
 from ..draft import ModelDrafter
-from ..models import load_model
+from ..draft.model import FOUR_BIT
+from ..models import load_model, native
 from ..models.precision import INT8, Precision
 from ..models.spec import LoadedModel
 from ..pipeline import encode_prompt
@@ -139,12 +140,23 @@ def decode_both(cfg: DictConfig, profile: LatencyProfile, choice: Choice) -> lis
     return out
 
 
-def run(cfg: DictConfig) -> ProfileOutcome:
-    device = cfg.runtime.device
-    grid = instantiate(cfg.grid, _convert_="all")
-    if torch.device(device).type != "cpu":  # int8 has CPU kernels only: profile the rest
+def runnable_grid(grid: ProfileGrid, device: str) -> ProfileGrid:
+    """`grid` less what cannot run here: int8 off a CPU (its kernels are CPU ones), and 4-bit draft
+    steps without the project's native operators (their kernel is one), with a log line."""
+    if torch.device(device).type != "cpu":
         grid.dtypes = [d for d in grid.dtypes if Precision.from_label(d).weights != INT8]
         grid.variants = [v for v in grid.variants if DraftVariant.parse(v).dtype in grid.dtypes]
+    four_bit = [v for v in grid.variants if DraftVariant.parse(v).quantization == FOUR_BIT]
+    reason = native.load() if four_bit else None
+    if reason is not None:
+        logger.warning("the 4-bit drafters are not profiled: %s", reason)
+        grid.variants = [v for v in grid.variants if v not in four_bit]
+    return grid
+
+
+def run(cfg: DictConfig) -> ProfileOutcome:
+    device = cfg.runtime.device
+    grid = runnable_grid(instantiate(cfg.grid, _convert_="all"), device)
     path = Path(cfg.profile_path) if cfg.profile_path else default_profile_path(device)
     profile, dtypes, measured = ensure_profile(cfg, grid, path, pair_loader(cfg.model_pair))
     eagle = eagle_candidate(cfg.model_pair.target.name, cfg.eagle_head)

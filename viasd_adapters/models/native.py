@@ -43,7 +43,7 @@ C_FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-fPIC")
 CXX_FLAGS = ("-O2", "-std=c++20", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
 
 
-def _cpu_supported() -> str | None:
+def cpu_unsupported() -> str | None:
     """Why this CPU cannot run the kernel, or None."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"a {platform.machine()} CPU, not x86-64"
@@ -88,7 +88,7 @@ def library_path() -> Path:
 def load() -> str | None:
     """Load the operators (building them first if needed); None, or why they are not available
     (logged once)."""
-    reason = _cpu_supported()
+    reason = cpu_unsupported()
     if reason is None:
         try:
             torch.ops.load_library(str(library_path()))
