@@ -46,6 +46,11 @@ def test_the_kernel_computes_the_stated_product(n, k):
         expected = reference_w4a8(*gemv.args, x)
         assert torch.allclose(gemv(x).double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
         assert torch.equal(gemv(x[:1]), gemv(x)[:1])  # each row by itself
+    x = torch.randn(3, k, generator=g)
+    x[1, k // 2] = float("nan")
+    x[2] = 0
+    y = gemv(x)
+    assert y[1].isnan().all() and not y[[0, 2]].isnan().any() and (y[2] == 0).all()  # a NaN row, a zero row
 
 
 def test_weights_on_the_grid_are_kept_and_others_no_worse_than_the_plain_range():

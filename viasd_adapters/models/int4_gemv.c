@@ -23,7 +23,13 @@ static void quantize_row(const float* x, int64_t kx, int64_t k, int8_t* q, float
   float peak = 0.f;
   for (int64_t i = 0; i < kx; ++i) {
     const float a = fabsf(x[i]);
-    peak = a > peak || a != a ? a : peak; /* a NaN row stays NaN */
+    peak = a > peak || a != a ? a : peak;
+  }
+  if (peak != peak) { /* a NaN row: its outputs NaN, as torch's products would give */
+    memset(q, 0, (size_t)k);
+    memset(sums, 0, (size_t)(k / W4A8_GROUP) * sizeof(float));
+    *scale_out = peak;
+    return;
   }
   const float scale = peak > 1e-30f ? peak / 127.f : 1e-30f / 127.f;
   const float inverse = 1.f / scale;
