@@ -15,11 +15,10 @@ import torch
 from tqdm.auto import tqdm
 
 from ..draft import ModelDrafter
-from ..draft.model import FOUR_BIT
+from ..draft.model import FOUR_BIT, QUANTIZE_OPTIONS
 from ..hardware import cpu_info, device_label
 from ..models import LoadedModel, ModelSpec, load_model
 from ..models.precision import INT8, Precision
-from ..models.quantize import QUANTIZATIONS
 from ..routing import RoutingMask, decoding_view
 from .choice import winnable_dtypes
 from .model import attention_share
@@ -65,13 +64,12 @@ class ProfileGrid:
                 "variants and variant_models go together: name the drafter variants (or a draft_vocabulary)"
                 " and the models measured in them, or neither"
             )
-        quantizations = sorted([*QUANTIZATIONS, FOUR_BIT])
         for variant in map(DraftVariant.parse, self.variants):
             head_only = variant.quantization is None and variant.vocabulary is not None
-            if not head_only and variant.quantization not in quantizations:
+            if not head_only and variant.quantization not in QUANTIZE_OPTIONS:
                 raise ValueError(
                     f"variant {variant.label!r} is not <dtype>+<quantization> with a quantization of"
-                    f" {quantizations}, e.g. bfloat16+int8-weight or int8+int4, or <dtype>@<draft vocabulary>"
+                    f" {list(QUANTIZE_OPTIONS)}, e.g. bfloat16+int8-weight or int8+int4, or <dtype>@<draft vocabulary>"
                 )
             if variant.quantization == FOUR_BIT and variant.dtype != INT8:
                 raise ValueError(f"variant {variant.label!r}: 4-bit steps are made from an int8 draft: int8+{FOUR_BIT}")
@@ -155,17 +153,12 @@ def measure_profile(
             _check_window(model, name, grid)
             layers[name] = int(model.config.num_hidden_layers)
             if variant.quantization or variant.vocabulary:  # timed as the drafter runs it
-                runner = ModelDrafter(model, quantize=variant.quantization, vocabulary=variant.vocabulary).runner
-                views: dict = {(dtype, None): runner}
+                views: dict = {(dtype, None): _drafter_runner(model, variant)}
             else:
                 views = {(dtype, key): view for key, view in _slim_views(model, masks.get(name, ())).items()}
                 views[dtype, None] = model
                 for label in derived:  # taking turns with the plain model: drift hits both alike
-                    derived_variant = DraftVariant.parse(label)
-                    drafter = ModelDrafter(
-                        model, quantize=derived_variant.quantization, vocabulary=derived_variant.vocabulary
-                    )
-                    views[label, None] = drafter.runner
+                    views[label, None] = _drafter_runner(model, DraftVariant.parse(label))
             whole = {key: view for key, view in views.items() if key[1] is None}
             for t in threads:
                 torch.set_num_threads(t)
@@ -193,6 +186,11 @@ def measure_profile(
         loadavg_1m=[load_start, os.getloadavg()[0]],
         model_layers=layers,
     )
+
+
+def _drafter_runner(model: torch.nn.Module, variant: DraftVariant):
+    """The runner of `variant` over the loaded `model`, as `ModelDrafter` runs it."""
+    return ModelDrafter(model, quantize=variant.quantization, vocabulary=variant.vocabulary).runner
 
 
 def _loads(combinations: list[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:

@@ -14,6 +14,7 @@ from ..sampling import Sampler
 from .base import DraftBlock, Drafter
 
 FOUR_BIT = "int4"  # `quantize` of a W8A8 draft: its steps on 4-bit weights
+QUANTIZE_OPTIONS = tuple(sorted([*QUANTIZATIONS, FOUR_BIT]))  # what `quantize` takes
 
 
 class ModelDrafter(Drafter):
@@ -40,8 +41,8 @@ class ModelDrafter(Drafter):
         """The plain settings' rules (also checked before any model loads: `viasd_adapters.checks`)."""
         if confidence_threshold is not None and not 0 <= confidence_threshold <= 1:
             raise ValueError(f"confidence_threshold must be in [0, 1] (null: off), got {confidence_threshold}")
-        if quantize is not None and quantize not in (*QUANTIZATIONS, FOUR_BIT):
-            raise ValueError(f"quantize {quantize!r} is not one of {sorted([*QUANTIZATIONS, FOUR_BIT])} (null: off)")
+        if quantize is not None and quantize not in QUANTIZE_OPTIONS:
+            raise ValueError(f"quantize {quantize!r} is not one of {list(QUANTIZE_OPTIONS)} (null: off)")
 
     def __init__(
         self,
