@@ -11,7 +11,7 @@ from tests.conftest import perturbed, tiny
 from tests.decode.test_loops import PROMPT
 from viasd_adapters.decode import AutoregressiveDecoder, SpeculativeDecoder
 from viasd_adapters.draft import ModelDrafter
-from viasd_adapters.models import ModelSpec, TinyModelConfig, load_model, native
+from viasd_adapters.models import ModelSpec, TinyModelConfig, int4_gemv, load_model, native
 from viasd_adapters.models.compiled import attach_step, decode_step
 from viasd_adapters.models.int4_gemv import GROUP, Int4Gemv, dequantize_int4, four_bit_copy, quantize_int4
 from viasd_adapters.models.int8_gemv import fbgemm_only
@@ -83,15 +83,51 @@ def test_steps_read_the_4_bit_weights_long_blocks_fbgemm_and_the_source_is_untou
     assert all(id(t) in shared for t in copy.parameters())  # nothing but the 4-bit weights is new
 
 
-def test_a_reduced_head_keeps_its_rows_4_bit():
+def test_4_bit_weights_are_cached_by_the_int8_weights_they_come_from(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("VIASD_CACHE", str(tmp_path))
     model = quantize_linears(tiny().model, "int8")
-    vocabulary = DraftVocabulary(token_ids=list(range(0, 257, 2)), vocab_size=257)
-    drafter = ModelDrafter(model, quantize="int4", vocabulary=vocabulary)
+    four_bit_copy(model)
+    assert not (tmp_path / "int4").exists()  # a small model's are not worth a file
+    monkeypatch.setattr(int4_gemv, "CACHED_FROM_WEIGHTS", 0)
+    made = four_bit_copy(model)
+    (path,) = (tmp_path / "int4").iterdir()
+
+    def refuse(*_):
+        raise AssertionError("quantised although cached")
+
+    quantize = int4_gemv.quantize_int4
+    monkeypatch.setattr(int4_gemv, "quantize_int4", refuse)
+    read = four_bit_copy(model)
+    for a, b in zip(int8_products(made), int8_products(read), strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a.gemv.args, b.gemv.args, strict=True))
+    assert torch.equal(read(PROMPT[:, :3]).logits, made(PROMPT[:, :3]).logits)
+    other = quantize_linears(perturbed(tiny().model, 0.05), "int8")
+    with pytest.raises(AssertionError, match="quantised although cached"):
+        four_bit_copy(other)  # other int8 weights: not this file's
+    monkeypatch.setattr(int4_gemv, "quantize_int4", quantize)
+    again = four_bit_copy(made)  # from a copy's products, whose int8 weights come unpacked: the same levels
+    for a, b in zip(int8_products(made), int8_products(again), strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a.gemv.args, b.gemv.args, strict=True))
+    path.write_bytes(path.read_bytes()[:1000])  # truncated: remade
+    with caplog.at_level("WARNING"):
+        remade = four_bit_copy(model)
+    assert "unreadable" in caplog.text
+    assert torch.equal(remade(PROMPT[:, :3]).logits, made(PROMPT[:, :3]).logits)
+    monkeypatch.setattr(int4_gemv, "FORMAT", int4_gemv.FORMAT + 1)  # another format: remade, not trusted
+    with caplog.at_level("WARNING"):
+        four_bit_copy(model)
+    assert "made from other files or settings" in caplog.text
+
+
+def test_a_reduced_head_keeps_its_rows_4_bit(tmp_path):
+    model = quantize_linears(tiny().model, "int8")
+    vocabulary = DraftVocabulary(token_ids=list(range(0, 257, 2)), vocab_size=257).save(tmp_path / "v.json")
+    drafter = ModelDrafter(model, quantize="int4", vocabulary=str(vocabulary))
     hidden = torch.randn(2, model.config.hidden_size)
     full = drafter.runner.model.get_output_embeddings()(hidden)
     assert isinstance(drafter.head.int8._gemms[0].gemv, Int4Gemv)
     assert torch.equal(drafter.head(hidden), full[:, drafter.head.token_ids])
-    assert drafter.runner.variant == "int8+int4"
+    assert drafter.runner.variant == f"int8+int4@{vocabulary}"  # the profile's label of this drafter
 
 
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])

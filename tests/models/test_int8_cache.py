@@ -87,7 +87,7 @@ def test_an_unwritable_cache_only_warns(folder, tmp_path, monkeypatch, caplog):
     blocker.write_text("")
     monkeypatch.setenv("VIASD_CACHE", str(blocker))  # mkdir under a file fails
     int8_logits(folder)
-    assert "could not write the int8 cache" in caplog.text
+    assert "could not write the cache of int8 weights" in caplog.text
 
 
 def test_tiny_and_hub_models_are_not_cached(tmp_path, monkeypatch):

@@ -56,11 +56,12 @@ class ModelDrafter(Drafter):
         self.name = name
         self.confidence_threshold = confidence_threshold
         self.full_vocab_size = int(model.get_output_embeddings().out_features)
+        vocabulary_label = f"@{vocabulary}" if isinstance(vocabulary, str) else ""
         if isinstance(vocabulary, str):
             vocabulary = DraftVocabulary.load(vocabulary)
         variant = None
         if quantize == FOUR_BIT:
-            variant = f"{INT8}+{FOUR_BIT}"  # the latency profile's name for it
+            variant = f"{INT8}+{FOUR_BIT}{vocabulary_label}"  # the latency profile's name for it
             model = four_bit_copy(model)  # before the reduced head, whose rows it then holds in 4 bits
         head = ReducedHead(model, vocabulary) if vocabulary is not None else None
         if quantize not in (None, FOUR_BIT):

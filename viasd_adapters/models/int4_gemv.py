@@ -21,13 +21,17 @@ each row quantised to int8 by its own absolute maximum; exact integer dot produc
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import time
+from pathlib import Path
 from typing import TypeVar
 
 import torch
 
-from . import native
+from . import native, tensor_cache
+from .int8_gemv import Int8Gemv
+from .offline import cache_root
 
 logger = logging.getLogger(__name__)
 Model = TypeVar("Model", bound=torch.nn.Module)
@@ -36,6 +40,11 @@ GROUP = 64  # input channels per scale and minimum (int4_gemv.h)
 # Fractions of a group's range its 16 levels span, centred on the range: letting the extremes clip a
 # little often rounds the rest better; each group keeps the one of least squared error.
 RANGE_FRACTIONS = (1.0, 0.95, 0.9, 0.85, 0.8)
+FORMAT = 1  # of the cached 4-bit weights: raise when their meaning changes
+# Weights from which a model's 4-bit weights are cached (the 0.5B draft's take 11-12 s to make);
+# a smaller model's are made in under a second.
+CACHED_FROM_WEIGHTS = 2**25
+_ARGS = ("packed", "scales", "minima")
 
 
 def quantize_int4(weight: torch.Tensor, rows_per_chunk: int = 2048) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -91,11 +100,16 @@ class Int4Gemv:
 
     def __init__(self, weight: torch.Tensor):
         """`weight`: [N, K] float. RuntimeError where the native operators are not built."""
-        reason = native.load()
-        if reason is not None:
-            raise RuntimeError(f"4-bit draft weights need the project's native operators: {reason}")
+        _require_native()
         self.args = quantize_int4(weight)  # the operator's arguments after the rows
         self.out_features, self.in_features = weight.shape
+
+    @classmethod
+    def from_args(cls, args: tuple[torch.Tensor, torch.Tensor, torch.Tensor], in_features: int) -> Int4Gemv:
+        """The product of weights `quantize_int4` made earlier: (packed, scales, minima)."""
+        gemv = cls.__new__(cls)
+        gemv.args, gemv.out_features, gemv.in_features = args, args[0].shape[0], in_features
+        return gemv
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
         """[M, K] fp32 -> [M, N] fp32."""
@@ -103,17 +117,21 @@ class Int4Gemv:
 
     def select_outputs(self, ids: torch.Tensor) -> Int4Gemv:
         """The product of output channels `ids` [n] alone, each channel's 4-bit values unchanged."""
-        selected = Int4Gemv.__new__(Int4Gemv)
-        selected.args = tuple(t[ids].contiguous() for t in self.args)
-        selected.out_features, selected.in_features = len(ids), self.in_features
-        return selected
+        return Int4Gemv.from_args(tuple(t[ids].contiguous() for t in self.args), self.in_features)
+
+
+def _require_native() -> None:
+    reason = native.load()
+    if reason is not None:
+        raise RuntimeError(f"4-bit draft weights need the project's native operators: {reason}")
 
 
 def four_bit_copy(model: Model) -> Model:
     """A copy of the W8A8 `model` whose products of up to `GEMV_MAX_ROWS` rows read 4-bit weights;
     every tensor is shared, `model` is unchanged. Where `model` has a compiled decode step, the
-    copy gets its own. ValueError for a model without W8A8 products, RuntimeError where the native
-    operators are not built."""
+    copy gets its own. The 4-bit weights of a model of `CACHED_FROM_WEIGHTS` or more are kept in
+    `$VIASD_CACHE/int4/`, keyed by the int8 weights they are made from. ValueError for a model
+    without W8A8 products, RuntimeError where the native operators are not built."""
     # quantize and compiled import this module
     from .compiled import attach_step, decode_step
     from .quantize import int8_products
@@ -124,14 +142,47 @@ def four_bit_copy(model: Model) -> Model:
             "4-bit draft steps are made from a W8A8 draft's int8 weights, and this draft has none:"
             " load it with runtime.draft_weights=int8"
         )
+    _require_native()
     start = time.perf_counter()
+    sources = [_int8_source(gemm) for gemm in gemms]
+    path, key = _cache_file(sources) if sum(w.numel() for w, _ in sources) >= CACHED_FROM_WEIGHTS else (None, {})
+    stored = None if path is None else tensor_cache.read(path, key, "4-bit weights", "making them anew")
     memo = {id(t): t for t in [*model.parameters(), *model.buffers()]}  # deepcopy shares what it maps
-    for gemm in gemms:
+    for i, (gemm, (weight, _)) in enumerate(zip(gemms, sources)):
+        if stored is None:
+            args = quantize_int4(gemm.dequantized())
+        else:
+            args = tuple(stored[f"{i}.{a}"] for a in _ARGS)
         four_bit = copy.copy(gemm)  # fbgemm's packed int8 weights shared: long blocks still run them
-        four_bit.gemv = Int4Gemv(gemm.dequantized())
+        four_bit.gemv = Int4Gemv.from_args(args, weight.shape[1])
         memo[id(gemm)] = four_bit
     duplicate = copy.deepcopy(model, memo)
-    logger.info("4-bit step weights for %d products in %.1f s", len(gemms), time.perf_counter() - start)
+    how = "made" if stored is None else f"read from {path}"
+    logger.info("4-bit step weights for %d products %s in %.1f s", len(gemms), how, time.perf_counter() - start)
+    if stored is None and path is not None:
+        state = {f"{i}.{a}": t for i, gemm in enumerate(gemms) for a, t in zip(_ARGS, memo[id(gemm)].gemv.args)}
+        tensor_cache.write(path, key, state, "4-bit weights")
     if decode_step(model) is not None:
         attach_step(duplicate)
     return duplicate
+
+
+def _int8_source(gemm) -> tuple[torch.Tensor, torch.Tensor]:
+    """A W8A8 product's int8 weight [N, K] and per-channel scales [N]: the int8 GEMV's own copy
+    where it has one (unpacking fbgemm's weights instead costs about a second for the 0.5B)."""
+    if isinstance(gemm.gemv, Int8Gemv):
+        weight, _, multipliers, *_ = gemm.gemv.args
+        return weight, multipliers
+    q = gemm.quantized_weight()
+    return q.int_repr().contiguous(), q.q_per_channel_scales()
+
+
+def _cache_file(sources: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[Path, dict]:
+    """The cache file of the 4-bit weights made from these int8 weights and scales, and its key."""
+    digest = hashlib.sha256()
+    for weight, scales in sources:
+        digest.update(str(tuple(weight.shape)).encode())
+        digest.update(weight.numpy())
+        digest.update(scales.contiguous().numpy())
+    key = {"format": FORMAT, "group": GROUP, "range_fractions": list(RANGE_FRACTIONS), "int8": digest.hexdigest()}
+    return cache_root() / "int4" / f"{digest.hexdigest()[:20]}.safetensors", key

@@ -12,19 +12,15 @@ load one model at once quantise it once: the others wait for the file.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import logging
-import os
 import time
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
+from . import tensor_cache
 from .offline import cache_root, one_at_a_time
 from .quantize import CALIBRATION_TEXT, OUTLIER_SHARE, Int8Weights, calibrate_outliers, quantize_linears
 
@@ -68,6 +64,11 @@ def quantize_int8(model: PreTrainedModel, tokenizer, source: Path | None) -> Non
         _quantize(model, tokenizer, _read(path, key, quiet=True), path, key, source)
 
 
+def _read(path: Path, key: dict, quiet: bool = False) -> dict[str, torch.Tensor] | None:
+    redo = "quantising anew (about half a minute for a 1.5B model)"
+    return tensor_cache.read(path, key, "int8 weights", redo, quiet=quiet)
+
+
 def _quantize(model, tokenizer, stored: dict | None, path: Path | None, key: dict | None, source: Path | str) -> None:
     start = time.perf_counter()
     if stored is None:
@@ -80,7 +81,8 @@ def _quantize(model, tokenizer, stored: dict | None, path: Path | None, key: dic
     if stored is None:
         logger.info("quantised %s to int8 in %.1f s", source, seconds)
         if path is not None:
-            _write(path, key, {**weights.state(), **{_OUTLIERS + name: t for name, t in outliers.items()}})
+            state = {**weights.state(), **{_OUTLIERS + name: t for name, t in outliers.items()}}
+            tensor_cache.write(path, key, state, "int8 weights")
     elif weights.quantized:
         logger.warning(
             "int8 cache %s lacked %d of the weights (quantised from the checkpoint instead); removed it,"
@@ -91,40 +93,3 @@ def _quantize(model, tokenizer, stored: dict | None, path: Path | None, key: dic
         path.unlink(missing_ok=True)
     else:
         logger.info("int8 weights of %s read from %s in %.1f s", source, path, seconds)
-
-
-def _read(path: Path, key: dict, quiet: bool = False) -> dict[str, torch.Tensor] | None:
-    """The cached tensors, or None (with the reason logged, unless `quiet`: a second read after
-    waiting for the lock) when there are none to trust."""
-    if not path.exists():
-        return None
-    try:
-        with safe_open(str(path), "pt") as f:
-            recorded = json.loads((f.metadata() or {}).get("key", "null"))
-        if recorded != key:
-            if not quiet:
-                logger.warning(
-                    "int8 cache %s was made from other files or settings; quantising anew (about half a"
-                    " minute for a 1.5B model) and replacing it",
-                    path,
-                )
-            return None
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as err:
-        if not quiet:
-            logger.warning("int8 cache %s is unreadable (%s); quantising anew and replacing it", path, err)
-        return None
-
-
-def _write(path: Path, key: dict, state: dict[str, torch.Tensor]) -> None:
-    """Writes the cache file whole or not at all (a crash leaves no half file behind)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file({k: t.contiguous() for k, t in state.items()}, str(tmp), metadata={"key": json.dumps(key)})
-        os.replace(tmp, path)
-        logger.info("int8 weights cached in %s (%.2f GB) for later loads", path, path.stat().st_size / 1e9)
-    except OSError as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        logger.warning("could not write the int8 cache %s (%s); later loads quantise again", path, err)
