@@ -17,7 +17,9 @@
 
 #define ROWS_PER_PASS 4
 #define CHANNELS_PER_BLOCK 16
-#define PREFETCH_BYTES 512
+/* how far ahead in the packed weights to prefetch: on a Xeon (family 6, model 167, AVX2 code) 2048
+ * bytes ran 1.17-1.36x 512 on the pair's shapes at 1-4 rows, 3072 no faster */
+#define PREFETCH_BYTES 2048
 
 static void quantize_row(const float* x, int64_t kx, int64_t k, int8_t* q, float* sums, float* scale_out) {
   float peak = 0.f;
