@@ -8,6 +8,7 @@ weight (`--cold-gb`) that each call reads it from memory, not from the last-leve
 
 * `int8 gemv`: the project's kernel (`models.int8_gemv`), what the int8 models run on up to
   `GEMV_MAX_ROWS` rows, bitwise fbgemm's output;
+* `int4 gemv`: the 4-bit product a drafter's steps run (`models.int4_gemv`, other numerics);
 * `fbgemm dynamic`: `quantized::linear_dynamic`, what they run on more rows (`_RowQuantGemm`: the
   rows plus the bounds row, activations quantised at run time);
 * `fbgemm given qparams`: the same kernel told the input's range instead of measuring it
@@ -17,7 +18,8 @@ weight (`--cold-gb`) that each call reads it from memory, not from the last-leve
 * `int_mm`: `aten._int_mm`, int8 x int8 with exact int32 sums (the epilogue would be ours);
 * `inductor gemv`: an int32 multiply-and-sum over K compiled by Inductor (exact int32 sums too).
 
-Medians in µs and the weight bytes read per second. Run it on an idle machine; prefix the AVX2
+Medians in µs and the weight bytes read per second (each kernel's own bytes: the 4-bit
+product's packed levels, scales and minima). `--kernels` times only the named ones. Run it on an idle machine; prefix the AVX2
 limits (docs/results/int8.md) to emulate an AVX2-only CPU.
 """
 
@@ -33,6 +35,7 @@ import torch
 from transformers import AutoConfig
 
 from viasd_adapters.hardware import device_label
+from viasd_adapters.models.int4_gemv import Int4Gemv
 from viasd_adapters.models.offline import ensure_cached
 from viasd_adapters.models.quantize import _RowQuantGemm
 
@@ -46,8 +49,8 @@ def shapes(model: str) -> dict[str, tuple[int, int]]:
     return {"qkv": (h, q + 2 * kv), "o": (q, h), "gate_up": (h, 2 * i), "down": (i, h), "lm_head": (h, c.vocab_size)}
 
 
-def kernels(k: int, n: int, copies: int, rows: int) -> dict[str, Callable[[int], object]]:
-    """Kernel name -> call(i) on copy i of one random [n, k] int8 weight."""
+def kernels(k: int, n: int, copies: int, rows: int) -> dict[str, tuple[Callable[[int], object], int]]:
+    """Kernel name -> (call(i) on copy i of one random [n, k] int8 weight, the bytes a call reads)."""
     gemms = [_RowQuantGemm(torch.randn(n, k)) for _ in range(copies)]
     unit = torch.rand(rows + 1, k) * 2 - 1
     unit[-1] = 0
@@ -61,9 +64,13 @@ def kernels(k: int, n: int, copies: int, rows: int) -> dict[str, Callable[[int],
     x, xb, xu = unit[:-1].contiguous(), unit[:-1].bfloat16(), torch.randint(0, 127, (rows, k), dtype=torch.uint8)
     zeros = torch.zeros(n, dtype=torch.long)
     xs = torch.randint(-64, 64, (rows, k), dtype=torch.int8)
-    gemv_kernels = {"int8 gemv": lambda i: gemms[i].gemv(x)} if gemms[0].gemv is not None else {}
+    gemv_kernels: dict[str, Callable[[int], object]] = {}
+    if gemms[0].gemv is not None:
+        four_bit = Int4Gemv(q[0].dequantize())  # copies of one weight's levels: the same bytes to read
+        four_bits = [Int4Gemv.from_args(tuple(t.clone() for t in four_bit.args), k) for _ in range(copies)]
+        gemv_kernels = {"int8 gemv": lambda i: gemms[i].gemv(x), "int4 gemv": lambda i: four_bits[i](x)}
     gemv = torch.compile(lambda a, w: (a[:, None].to(torch.int32) * w.to(torch.int32)).sum(-1), dynamic=False)
-    return {
+    calls = {
         **gemv_kernels,
         "fbgemm dynamic": lambda i: torch.ops.quantized.linear_dynamic(unit, gemms[i].packed, True),
         "fbgemm given qparams": lambda i: torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
@@ -77,6 +84,8 @@ def kernels(k: int, n: int, copies: int, rows: int) -> dict[str, Callable[[int],
         "int_mm": lambda i: torch._int_mm(xs, ints[i].t()),
         "inductor gemv": lambda i: gemv(xs, ints[i]),
     }
+    four_bit_bytes = sum(t.nbytes for t in four_bits[0].args) if gemv_kernels else 0
+    return {name: (call, four_bit_bytes if name == "int4 gemv" else k * n) for name, call in calls.items()}
 
 
 def median_us(call: Callable[[int], object], copies: int, rounds: int) -> float:
@@ -98,6 +107,7 @@ def main() -> None:
     parser.add_argument("--cold-gb", type=float, default=1.0, help="weight copies cycled per shape, in GB")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", type=int, default=1, help="rows per call (a decode step: 1)")
+    parser.add_argument("--kernels", nargs="+", help="time only these kernels (names as in the table)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message=".*quantize.*deprecated")  # the packing path's own warning
@@ -105,9 +115,11 @@ def main() -> None:
     print("| shape (K x N) | kernel | µs | GB/s |\n|---|---|---|---|")
     for name, (k, n) in shapes(args.model).items():
         copies = max(2, int(args.cold_gb * 1e9 // (k * n)))
-        for kernel, call in kernels(k, n, copies, args.rows).items():
+        for kernel, (call, nbytes) in kernels(k, n, copies, args.rows).items():
+            if args.kernels and kernel not in args.kernels:
+                continue
             us = median_us(call, copies, args.rounds)
-            print(f"| {name} ({k} x {n}) | {kernel} | {us:.0f} | {k * n / us / 1e3:.1f} |", flush=True)
+            print(f"| {name} ({k} x {n}) | {kernel} | {us:.0f} | {nbytes / us / 1e3:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
