@@ -19,8 +19,8 @@ weight (`--cold-gb`) that each call reads it from memory, not from the last-leve
 * `inductor gemv`: an int32 multiply-and-sum over K compiled by Inductor (exact int32 sums too).
 
 Medians in µs and the weight bytes read per second (each kernel's own bytes: the 4-bit
-product's packed levels, scales and minima). `--kernels` times only the named ones. Run it on an idle machine; prefix the AVX2
-limits (docs/results/int8.md) to emulate an AVX2-only CPU.
+product's packed levels, scales and minima). `--kernels` times only the named ones. Run it on an
+idle machine; prefix the AVX2 limits (docs/results/int8.md) to emulate an AVX2-only CPU.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ GROUP = 64  # input channels per scale and minimum (int4_gemv.h)
 # little often rounds the rest better; each group keeps the one of least squared error.
 RANGE_FRACTIONS = (1.0, 0.95, 0.9, 0.85, 0.8)
 FORMAT = 1  # of the cached 4-bit weights: raise when their meaning changes
-# Weights from which a model's 4-bit weights are cached (the 0.5B draft's take 11-12 s to make);
+# Weights from which a model's 4-bit weights are cached (the 0.5B draft's take 11-14 s to make);
 # a smaller model's are made in under a second.
 CACHED_FROM_WEIGHTS = 2**25
 _ARGS = ("packed", "scales", "minima")
@@ -168,8 +168,8 @@ def four_bit_copy(model: Model) -> Model:
 
 
 def _int8_source(gemm) -> tuple[torch.Tensor, torch.Tensor]:
-    """A W8A8 product's int8 weight [N, K] and per-channel scales [N]: the int8 GEMV's own copy
-    where it has one (unpacking fbgemm's weights instead costs about a second for the 0.5B)."""
+    """What identifies a W8A8 product's weights: its int8 weight [N, K] and per-channel factors [N],
+    from the int8 GEMV's own copy where it has one (unpacking fbgemm's costs 2-3 s for the 0.5B)."""
     if isinstance(gemm.gemv, Int8Gemv):
         weight, _, multipliers, *_ = gemm.gemv.args
         return weight, multipliers
@@ -178,7 +178,7 @@ def _int8_source(gemm) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _cache_file(sources: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[Path, dict]:
-    """The cache file of the 4-bit weights made from these int8 weights and scales, and its key."""
+    """The cache file of the 4-bit weights made from these int8 weights, and its key."""
     digest = hashlib.sha256()
     for weight, scales in sources:
         digest.update(str(tuple(weight.shape)).encode())
