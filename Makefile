@@ -44,7 +44,7 @@ setup-llama-cpp: setup
 # The lossless configuration this machine's latency profile predicts is fastest (the profile is
 # measured once, a few minutes, then cached), decoded beside greedy AR with both speeds printed.
 demo: setup
-	$(BIN)/viasd-profile model_pair=qwen2.5-coder-0.5b-1.5b 'grid.contexts=[256]' 'grid.new_tokens=[1,2,4,8]' \
+	$(BIN)/viasd-profile model_pair=qwen2.5-coder-0.5b-1.5b 'grid.contexts=[256]' 'grid.new_tokens=[1,2,4,5,8]' \
 		prompt="Write a Python function that returns the n-th Fibonacci number."
 
 # ruff (format and check) on everything, mypy on the public interfaces (pyproject.toml has both configs).

@@ -45,7 +45,7 @@ class ProfileGrid:
     draft_vocabulary: str | None = None  # a draft vocabulary (models/vocab) the variant_models are timed with too
     vocabulary_dtypes: list[str] = field(default_factory=lambda: ["int8"])  # ... in these of `dtypes` or variants
     threads: list[int] | None = None  # clipped to the cores there are; None: the cores there are
-    new_tokens: list[int] = field(default_factory=lambda: [1, 2, 4, 6, 8, 12])  # tokens fed per forward
+    new_tokens: list[int] = field(default_factory=lambda: [1, 2, 4, 5, 8, 12])  # per forward: conf/profile.yaml
     contexts: list[int] = field(default_factory=lambda: [128, 512])  # tokens cached before each forward
     prefill: list[int] = field(default_factory=list)  # prompt lengths also timed from an empty cache (context 0)
     repeats: int = 3  # timed forwards per point (one more warms up)
