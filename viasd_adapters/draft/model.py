@@ -56,8 +56,9 @@ class ModelDrafter(Drafter):
         self.name = name
         self.confidence_threshold = confidence_threshold
         self.full_vocab_size = int(model.get_output_embeddings().out_features)
-        vocabulary_label = f"@{vocabulary}" if isinstance(vocabulary, str) else ""
+        vocabulary_label = ""  # a vocabulary given by name is named in the variant, as the profile does
         if isinstance(vocabulary, str):
+            vocabulary_label = f"@{vocabulary}"
             vocabulary = DraftVocabulary.load(vocabulary)
         variant = None
         if quantize == FOUR_BIT:

@@ -147,12 +147,12 @@ def four_bit_copy(model: Model) -> Model:
     sources = [_int8_source(gemm) for gemm in gemms]
     path, key = _cache_file(sources) if sum(w.numel() for w, _ in sources) >= CACHED_FROM_WEIGHTS else (None, {})
     stored = None if path is None else tensor_cache.read(path, key, "4-bit weights", "making them anew")
+    if stored is None:
+        levels = [quantize_int4(gemm.dequantized()) for gemm in gemms]
+    else:
+        levels = [tuple(stored[f"{i}.{a}"] for a in _ARGS) for i in range(len(gemms))]
     memo = {id(t): t for t in [*model.parameters(), *model.buffers()]}  # deepcopy shares what it maps
-    for i, (gemm, (weight, _)) in enumerate(zip(gemms, sources)):
-        if stored is None:
-            args = quantize_int4(gemm.dequantized())
-        else:
-            args = tuple(stored[f"{i}.{a}"] for a in _ARGS)
+    for gemm, (weight, _), args in zip(gemms, sources, levels):
         four_bit = copy.copy(gemm)  # fbgemm's packed int8 weights shared: long blocks still run them
         four_bit.gemv = Int4Gemv.from_args(args, weight.shape[1])
         memo[id(gemm)] = four_bit
@@ -160,7 +160,7 @@ def four_bit_copy(model: Model) -> Model:
     how = "made" if stored is None else f"read from {path}"
     logger.info("4-bit step weights for %d products %s in %.1f s", len(gemms), how, time.perf_counter() - start)
     if stored is None and path is not None:
-        state = {f"{i}.{a}": t for i, gemm in enumerate(gemms) for a, t in zip(_ARGS, memo[id(gemm)].gemv.args)}
+        state = {f"{i}.{a}": t for i, args in enumerate(levels) for a, t in zip(_ARGS, args)}
         tensor_cache.write(path, key, state, "4-bit weights")
     if decode_step(model) is not None:
         attach_step(duplicate)

@@ -72,11 +72,13 @@ def library_path() -> Path:
     torch_lib = cpp_extension.library_paths()[0]
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
     with tempfile.TemporaryDirectory(dir=path.parent) as work:
-        kernels = [str(Path(work) / f"{source.stem}.o") for source in SOURCES if source.suffix == ".c"]
-        ops, built = str(Path(work) / "native_ops.o"), str(Path(work) / "ops.so")
-        for source, kernel in zip((s for s in SOURCES if s.suffix == ".c"), kernels):
-            _run([cc, *C_FLAGS, "-c", str(source), "-o", kernel])
-        _run([cxx, *CXX_FLAGS, *includes, "-c", str(SOURCES[-1]), "-o", ops])
+        kernels, ops, built = [], str(Path(work) / "native_ops.o"), str(Path(work) / "ops.so")
+        for source in SOURCES:
+            if source.suffix == ".c":
+                kernels.append(str(Path(work) / f"{source.stem}.o"))
+                _run([cc, *C_FLAGS, "-c", str(source), "-o", kernels[-1]])
+            elif source.suffix == ".cpp":
+                _run([cxx, *CXX_FLAGS, *includes, "-c", str(source), "-o", ops])
         _run([cxx, "-shared", "-fopenmp", ops, *kernels, f"-L{torch_lib}", "-ltorch", "-ltorch_cpu", "-lc10",
               f"-Wl,-rpath,{torch_lib}", "-o", built])  # fmt: skip
         os.replace(built, path)  # whole or not at all: another process may be building it too
